@@ -1,0 +1,11 @@
+"""Open-AutoGLM's engine: GLM / GLM-4 decoding with a paged KV cache and continuous batching, in plain torch."""
+
+from .config import CheckpointError, EngineConfig, ModelConfig
+from .engine import LLMEngine, RequestOutput
+from .engine_thread import EngineThread
+from .sequence import FinishReason, SamplingParams
+
+__all__ = [
+    "CheckpointError", "EngineConfig", "ModelConfig", "LLMEngine", "RequestOutput", "EngineThread",
+    "FinishReason", "SamplingParams",
+]

@@ -1,0 +1,157 @@
+"""The two configuration objects: what the checkpoint says (ModelConfig) and how to run it (EngineConfig)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+
+SUPPORTED_MODEL_TYPES = ("glm", "glm4")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that cannot be served: missing files, unknown architecture, bad weights."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The architecture facts the forward pass needs, read from a Hugging Face `config.json`."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rotary_dim: int
+    rope_theta: float
+    rms_norm_eps: float
+    max_position_embeddings: int
+    attention_bias: bool
+    tie_word_embeddings: bool
+    eos_token_ids: tuple[int, ...]
+    pad_token_id: int | None
+
+    @property
+    def has_sandwich_norms(self) -> bool:
+        """GLM-4 normalises each sub-block's output before the residual add; GLM does not."""
+        return self.model_type == "glm4"
+
+    @classmethod
+    def from_dict(cls, raw: dict, generation: dict | None = None) -> "ModelConfig":
+        model_type = raw.get("model_type")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise CheckpointError(
+                f"unsupported model_type {model_type!r} (architectures {raw.get('architectures')}); "
+                f"this engine serves {', '.join(SUPPORTED_MODEL_TYPES)}"
+            )
+        missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                               "num_attention_heads") if k not in raw]
+        if missing:
+            raise CheckpointError(f"config.json lacks {', '.join(missing)}")
+        num_heads = raw["num_attention_heads"]
+        head_dim = raw.get("head_dim") or raw["hidden_size"] // num_heads
+        # transformers 5 nests rotary settings in rope_parameters; 4.x checkpoints keep them at the top.
+        rope = raw.get("rope_parameters") or {}
+        rope_type = rope.get("rope_type", "default")
+        if rope_type != "default":
+            raise CheckpointError(f"unsupported rope_type {rope_type!r}; only 'default' rotary embedding is implemented")
+        partial = rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 0.5))
+        rope_theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
+        eos = (generation or {}).get("eos_token_id", raw.get("eos_token_id"))
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        return cls(
+            model_type=model_type,
+            vocab_size=raw["vocab_size"],
+            hidden_size=raw["hidden_size"],
+            intermediate_size=raw["intermediate_size"],
+            num_layers=raw["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=raw.get("num_key_value_heads", num_heads),
+            head_dim=head_dim,
+            rotary_dim=int(head_dim * partial),
+            rope_theta=float(rope_theta),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-5)),
+            max_position_embeddings=raw.get("max_position_embeddings", 8192),
+            attention_bias=raw.get("attention_bias", True),
+            tie_word_embeddings=raw.get("tie_word_embeddings", False),
+            eos_token_ids=eos_ids,
+            pad_token_id=raw.get("pad_token_id"),
+        )
+
+    @classmethod
+    def from_checkpoint(cls, model_dir: str) -> "ModelConfig":
+        config_path = os.path.join(model_dir, "config.json")
+        if not os.path.isdir(model_dir):
+            raise CheckpointError(f"checkpoint directory {model_dir!r} does not exist")
+        if not os.path.isfile(config_path):
+            raise CheckpointError(f"{model_dir!r} has no config.json: not a Hugging Face checkpoint")
+        with open(config_path) as f:
+            raw = json.load(f)
+        generation = None
+        generation_path = os.path.join(model_dir, "generation_config.json")
+        if os.path.isfile(generation_path):
+            with open(generation_path) as f:
+                generation = json.load(f)
+        return cls.from_dict(raw, generation)
+
+
+@dataclass
+class EngineConfig:
+    """How the engine runs a checkpoint. Every field is a `parameters` key of the `glm` model's config.pbtxt."""
+
+    model_dir: str = ""
+    # "auto" picks CUDA when it is available, else the CPU.
+    device: str = "auto"
+    # "auto": float32 on the CPU, bfloat16 on CUDA (float16 on GPUs without bf16).
+    dtype: str = "auto"
+    # Tokens per KV block.
+    block_size: int = 16
+    # Size of the KV pool in blocks; 0 sizes it from kv_cache_memory_mb (CPU) or gpu_memory_utilization (CUDA).
+    num_kv_blocks: int = 0
+    kv_cache_memory_mb: int = 512
+    gpu_memory_utilization: float = 0.85
+    # Most sequences in one batch, and most tokens (prefill and decode together) in one step.
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    # Longest prompt plus output; 0 means the checkpoint's max_position_embeddings.
+    max_model_len: int = 0
+    # max_tokens of a request that does not say.
+    default_max_tokens: int = 64
+    # Threads torch may use on the CPU; 0 leaves torch's default.
+    cpu_threads: int = 0
+    # Seeds requests that give no seed of their own.
+    seed: int = 0
+
+    @classmethod
+    def from_parameters(cls, parameters: dict[str, str]) -> "EngineConfig":
+        """Build from string key/values (config.pbtxt parameters); unknown keys are an error, not ignored."""
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        values = {}
+        for key, text in parameters.items():
+            if key not in known:
+                raise ValueError(f"unknown engine parameter {key!r}; known: {', '.join(sorted(known))}")
+            kind = {"int": int, "float": float, "str": str}[known[key].type]
+            try:
+                values[key] = kind(text)
+            except ValueError:
+                raise ValueError(f"engine parameter {key!r} must be {known[key].type}, got {text!r}") from None
+        config = cls(**values)
+        config.validate()
+        return config
+
+    def validate(self) -> None:
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "default_max_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.num_kv_blocks < 0 or self.max_model_len < 0:
+            raise ValueError("num_kv_blocks and max_model_len must not be negative")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must lie in (0, 1], got {self.gpu_memory_utilization}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")

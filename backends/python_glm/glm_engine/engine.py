@@ -1,0 +1,153 @@
+"""The engine: requests in, token ids out, one scheduling step at a time. It knows nothing of Triton."""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+
+from .block_pool import BlockPool
+from .config import EngineConfig, ModelConfig
+from .model_runner import ModelRunner
+from .sampler import sample
+from .scheduler import Scheduler
+from .sequence import FinishReason, SamplingParams, Sequence
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RequestOutput:
+    """What one step produced for one request: the tokens it added, and whether it is over."""
+
+    request_id: str
+    new_token_ids: list[int]
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    error: str | None = None
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        config.validate()
+        self.config = config
+        self.model_config = ModelConfig.from_checkpoint(config.model_dir)
+        self.runner = ModelRunner(self.model_config, config)
+        self.pool = BlockPool(self.runner.num_blocks, config.block_size)
+        self.scheduler = Scheduler(self.pool, config.max_num_seqs, config.max_num_batched_tokens)
+        self.max_model_len = min(config.max_model_len or self.model_config.max_position_embeddings,
+                                 self.model_config.max_position_embeddings)
+        self.sequences: dict[str, Sequence] = {}
+        self._seed_source = random.Random(config.seed)
+
+    # -- requests -------------------------------------------------------------------------------------------
+    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raise ValueError if the request can never be served. Reads only fixed state: safe from any thread."""
+        params.validate()
+        if not prompt_token_ids:
+            raise ValueError("the prompt is empty")
+        vocab = self.model_config.vocab_size
+        bad = [t for t in prompt_token_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token ids must lie in [0, {vocab}), got {bad[:5]}")
+        if params.stop_token_ids and any(not 0 <= t < vocab for t in params.stop_token_ids):
+            raise ValueError(f"end_id must lie in [0, {vocab}), got {list(params.stop_token_ids)}")
+        total = len(prompt_token_ids) + params.max_tokens
+        if total > self.max_model_len:
+            raise ValueError(f"the prompt ({len(prompt_token_ids)} tokens) plus max_tokens ({params.max_tokens}) "
+                             f"is {total} tokens, over the model's limit of {self.max_model_len}")
+        if self.pool.blocks_for(total) > self.pool.num_blocks:
+            raise ValueError(f"the prompt plus max_tokens needs {self.pool.blocks_for(total)} KV blocks, "
+                             f"more than the whole cache ({self.pool.num_blocks})")
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        if request_id in self.sequences:
+            raise ValueError(f"request id {request_id!r} is already running")
+        self.check_request(prompt_token_ids, params)
+        stop_ids = params.stop_token_ids if params.stop_token_ids is not None else self.model_config.eos_token_ids
+        seq = Sequence(
+            request_id=request_id,
+            token_ids=list(prompt_token_ids),
+            num_prompt_tokens=len(prompt_token_ids),
+            params=params,
+            stop_token_ids=frozenset(stop_ids),
+            seed=params.seed if params.seed is not None else self._seed_source.getrandbits(63),
+        )
+        self.sequences[request_id] = seq
+        self.scheduler.add(seq)
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Stop a request now and free its blocks; None if it is unknown or already over."""
+        seq = self.sequences.pop(request_id, None)
+        if seq is None:
+            return None
+        self.scheduler.finish(seq, FinishReason.CANCELLED)
+        return self._output(seq, [])
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # -- the loop -------------------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        batch = self.scheduler.schedule()
+        if not batch:
+            return []
+        try:
+            logits = self.runner.execute(batch)
+        except Exception as exc:  # a failed step must not leave sequences holding blocks
+            log.exception("engine step failed")
+            return [self._fail(item.seq, f"engine step failed: {exc}") for item in batch]
+
+        sampling = [item.seq for item in batch if item.samples]
+        for item in batch:
+            item.seq.num_computed_tokens += item.num_new_tokens
+        outputs = []
+        for seq, token in zip(sampling, sample(logits, sampling)):
+            outputs.append(self._append_token(seq, token))
+        return outputs
+
+    def _append_token(self, seq: Sequence, token: int) -> RequestOutput:
+        if token in seq.stop_token_ids:
+            return self._finish(seq, FinishReason.STOP, [])
+        seq.token_ids.append(token)
+        if seq.num_output_tokens >= seq.params.max_tokens:
+            return self._finish(seq, FinishReason.LENGTH, [token])
+        return self._output(seq, [token])
+
+    def _finish(self, seq: Sequence, reason: FinishReason, new_tokens: list[int]) -> RequestOutput:
+        self.scheduler.finish(seq, reason)
+        del self.sequences[seq.request_id]
+        return self._output(seq, new_tokens)
+
+    def _fail(self, seq: Sequence, message: str) -> RequestOutput:
+        output = self._finish(seq, FinishReason.ERROR, [])
+        output.error = message
+        return output
+
+    @staticmethod
+    def _output(seq: Sequence, new_tokens: list[int]) -> RequestOutput:
+        return RequestOutput(
+            request_id=seq.request_id,
+            new_token_ids=new_tokens,
+            finished=seq.is_finished,
+            finish_reason=seq.finish_reason,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_output_tokens=seq.num_output_tokens,
+        )
+
+    # -- offline use ----------------------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]) -> list[list[int]]:
+        """Run prompts to completion together; returns each one's output token ids."""
+        per_prompt = params if isinstance(params, list) else [params] * len(prompts)
+        ids = [f"generate-{i}" for i in range(len(prompts))]
+        for request_id, prompt, p in zip(ids, prompts, per_prompt):
+            self.add_request(request_id, prompt, p)
+        results: dict[str, list[int]] = {request_id: [] for request_id in ids}
+        while self.has_unfinished_requests():
+            for output in self.step():
+                if output.error:
+                    raise RuntimeError(output.error)
+                results[output.request_id] += output.new_token_ids
+        return [results[request_id] for request_id in ids]

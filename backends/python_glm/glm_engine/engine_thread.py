@@ -1,0 +1,93 @@
+"""Runs an LLMEngine on its own thread, so callers (Triton's execute) only submit and are called back.
+
+Requests join the running batch between steps; each step's outputs go to the request's callback on the engine
+thread. A callback that returns False (its client went away) has its request aborted before the next step.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from typing import Callable
+
+from .engine import LLMEngine, RequestOutput
+from .sequence import SamplingParams
+
+log = logging.getLogger(__name__)
+
+OutputCallback = Callable[[RequestOutput], bool]
+
+
+class EngineThread:
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._callbacks: dict[str, OutputCallback] = {}
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="glm-engine", daemon=True)
+        self._thread.start()
+
+    def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+               on_output: OutputCallback) -> None:
+        """Queue a request. Raises ValueError at once, on the caller's thread, if it can never be served."""
+        self.engine.check_request(prompt_token_ids, params)
+        self._inbox.put(("add", request_id, prompt_token_ids, params, on_output))
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.put(("abort", request_id))
+
+    def shutdown(self) -> None:
+        self._stopping = True
+        self._inbox.put(("stop",))
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stopping:
+            # Block while idle; otherwise take whatever arrived since the last step and go on.
+            self._handle(self._inbox.get())
+            while not self._inbox.empty():
+                self._handle(self._inbox.get())
+            while self.engine.has_unfinished_requests() and not self._stopping:
+                for output in self.engine.step():
+                    self._deliver(output)
+                while not self._inbox.empty():
+                    self._handle(self._inbox.get())
+        for request_id in list(self._callbacks):
+            self._abort(request_id)
+
+    def _handle(self, message: tuple) -> None:
+        kind = message[0]
+        if kind == "add":
+            _, request_id, prompt, params, on_output = message
+            try:
+                self.engine.add_request(request_id, prompt, params)
+            except ValueError as exc:
+                self._call(on_output, RequestOutput(request_id, [], finished=True, error=str(exc)))
+                return
+            self._callbacks[request_id] = on_output
+        elif kind == "abort":
+            self._abort(message[1])
+
+    def _abort(self, request_id: str) -> None:
+        output = self.engine.abort_request(request_id)
+        callback = self._callbacks.pop(request_id, None)
+        if output is not None and callback is not None:
+            self._call(callback, output)
+
+    def _deliver(self, output: RequestOutput) -> None:
+        callback = self._callbacks.get(output.request_id)
+        if callback is None:
+            return
+        if output.finished:
+            del self._callbacks[output.request_id]
+        if not self._call(callback, output) and not output.finished:
+            self._abort(output.request_id)
+
+    @staticmethod
+    def _call(callback: OutputCallback, output: RequestOutput) -> bool:
+        try:
+            return callback(output) is not False
+        except Exception:  # a broken callback must not stop the engine for everyone else
+            log.exception("output callback for %s failed", output.request_id)
+            return False

@@ -1,0 +1,144 @@
+"""The GLM / GLM-4 forward pass over a flat batch of tokens, reading and writing the paged KV cache.
+
+Parameter names match Hugging Face's, so a checkpoint loads with `load_state_dict(strict=True)`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import AttentionMetadata, paged_attention, write_kv
+from .config import CheckpointError, ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Computed in float32 whatever the weights' dtype, as the reference does.
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+class RotaryEmbedding:
+    """Rotary embedding over the first `rotary_dim` channels of each head, on interleaved pairs (GPT-J style)."""
+
+    def __init__(self, config: ModelConfig):
+        dim = config.rotary_dim
+        # Explicitly on the CPU: the model may be built on the meta device; moved on first use.
+        arange = torch.arange(0, dim, 2, dtype=torch.float, device="cpu")
+        self.inv_freq = 1.0 / (config.rope_theta ** (arange / dim))
+        self.rotary_dim = dim
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x: [tokens, heads, head_dim]; positions: [tokens]."""
+        if self.inv_freq.device != positions.device:
+            self.inv_freq = self.inv_freq.to(positions.device)
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]
+        cos = freqs.cos().to(x.dtype)[:, None, :]
+        sin = freqs.sin().to(x.dtype)[:, None, :]
+        rot, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim:]
+        even, odd = rot[..., 0::2], rot[..., 1::2]
+        rotated = torch.stack((even * cos - odd * sin, odd * cos + even * sin), dim=-1).flatten(-2)
+        return torch.cat((rotated, rest), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        hidden, bias = config.hidden_size, config.attention_bias
+        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=False)
+        self.scale = self.head_dim ** -0.5
+
+    def forward(self, x, positions, rotary, kv_cache, meta: AttentionMetadata):
+        tokens = x.shape[0]
+        q = rotary(self.q_proj(x).view(tokens, self.num_heads, self.head_dim), positions)
+        k = rotary(self.k_proj(x).view(tokens, self.num_kv_heads, self.head_dim), positions)
+        v = self.v_proj(x).view(tokens, self.num_kv_heads, self.head_dim)
+        k_cache, v_cache = kv_cache
+        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        out = paged_attention(q, k_cache, v_cache, meta, self.scale)
+        return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(up * F.silu(gate))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.self_attn = Attention(config)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.sandwich = config.has_sandwich_norms
+        if self.sandwich:
+            self.post_self_attn_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+            self.post_mlp_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x, positions, rotary, kv_cache, meta):
+        h = self.self_attn(self.input_layernorm(x), positions, rotary, kv_cache, meta)
+        if self.sandwich:
+            h = self.post_self_attn_layernorm(h)
+        x = x + h
+        h = self.mlp(self.post_attention_layernorm(x))
+        if self.sandwich:
+            h = self.post_mlp_layernorm(h)
+        return x + h
+
+
+class Backbone(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class GlmForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.model = Backbone(config)
+        self.rotary = RotaryEmbedding(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
+        """input_ids, positions: [tokens]; kv_caches: one (k, v) pair per layer. Returns hidden states [tokens, hidden]."""
+        x = self.model.embed_tokens(input_ids)
+        for layer, kv_cache in zip(self.model.layers, kv_caches):
+            x = layer(x, positions, self.rotary, kv_cache, meta)
+        return self.model.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()
+
+    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        if self.config.tie_word_embeddings and "lm_head.weight" not in state:
+            state = {**state, "lm_head.weight": state["model.embed_tokens.weight"]}
+        # Some exporters store the rotary frequencies; they are recomputed here.
+        state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
+        result = self.load_state_dict(state, strict=False, assign=True)
+        if result.missing_keys or result.unexpected_keys:
+            raise CheckpointError(
+                f"weights do not match a {self.config.model_type} model: "
+                f"missing {result.missing_keys[:8]}, unexpected {result.unexpected_keys[:8]}"
+            )

@@ -1,0 +1,109 @@
+"""Tensors in, logits out: loads the model, owns the KV cache tensor and runs one step of the batch."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from .attention import AttentionMetadata
+from .checkpoint import load_state_dict
+from .config import EngineConfig, ModelConfig
+from .glm_model import GlmForCausalLM
+from .scheduler import ScheduledSequence
+
+log = logging.getLogger(__name__)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name != "auto":
+        return getattr(torch, name)
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+class ModelRunner:
+    def __init__(self, model_config: ModelConfig, config: EngineConfig):
+        self.model_config = model_config
+        self.block_size = config.block_size
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        if config.cpu_threads:
+            torch.set_num_threads(config.cpu_threads)
+
+        # Built on the meta device so no memory is spent on random initial weights, then filled from the files.
+        with torch.device("meta"):
+            self.model = GlmForCausalLM(model_config)
+        self.model.load_weights(load_state_dict(config.model_dir, self.dtype, self.device))
+        self.model.eval()
+
+        self.num_blocks = config.num_kv_blocks or self._blocks_that_fit(config)
+        # [layers, k/v, blocks, block_size, kv_heads, head_dim]. Zeroed: masked slots must never hold NaN.
+        self.kv_cache = torch.zeros(
+            model_config.num_layers, 2, self.num_blocks, self.block_size,
+            model_config.num_kv_heads, model_config.head_dim, dtype=self.dtype, device=self.device,
+        )
+        self.kv_caches = [(layer[0], layer[1]) for layer in self.kv_cache]
+        log.info("model on %s (%s), KV cache %d blocks of %d tokens (%.1f MiB)", self.device, self.dtype,
+                 self.num_blocks, self.block_size, self.kv_cache.numel() * self.kv_cache.element_size() / 2**20)
+
+    def bytes_per_block(self) -> int:
+        mc = self.model_config
+        return 2 * mc.num_layers * self.block_size * mc.num_kv_heads * mc.head_dim * self.dtype.itemsize
+
+    def _blocks_that_fit(self, config: EngineConfig) -> int:
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            budget = int(total * config.gpu_memory_utilization) - (total - free)
+        else:
+            budget = config.kv_cache_memory_mb * 2**20
+        num_blocks = budget // self.bytes_per_block()
+        if num_blocks < 1:
+            raise ValueError(f"no memory left for the KV cache ({budget / 2**20:.0f} MiB budget); "
+                             "raise kv_cache_memory_mb / gpu_memory_utilization or set num_kv_blocks")
+        return num_blocks
+
+    @torch.inference_mode()
+    def execute(self, batch: list[ScheduledSequence]) -> torch.Tensor:
+        """Run one step. Returns float32 logits [sequences that sample, vocab], in batch order."""
+        input_ids, positions, slots, token_seq, token_offset, last_token_rows = [], [], [], [], [], []
+        query_lens, context_lens, tables = [], [], []
+        for index, item in enumerate(batch):
+            seq, start, count = item.seq, item.seq.num_computed_tokens, item.num_new_tokens
+            input_ids += seq.token_ids[start:start + count]
+            for pos in range(start, start + count):
+                positions.append(pos)
+                slots.append(seq.block_table[pos // self.block_size] * self.block_size + pos % self.block_size)
+            token_seq += [index] * count
+            token_offset += range(count)
+            query_lens.append(count)
+            context_lens.append(start + count)
+            tables.append(seq.block_table)
+            if item.samples:
+                last_token_rows.append(len(input_ids) - 1)
+
+        max_blocks = max(len(t) for t in tables)
+        padded_tables = [t + [0] * (max_blocks - len(t)) for t in tables]
+
+        def tensor(values, dtype=torch.long):
+            return torch.tensor(values, dtype=dtype, device=self.device)
+
+        meta = AttentionMetadata(
+            slot_mapping=tensor(slots),
+            block_tables=tensor(padded_tables),
+            query_lens=tensor(query_lens),
+            context_lens=tensor(context_lens),
+            token_seq=tensor(token_seq),
+            token_offset=tensor(token_offset),
+            max_query_len=max(query_lens),
+            max_context_len=max(context_lens),
+        )
+        hidden = self.model(tensor(input_ids), tensor(positions), self.kv_caches, meta)
+        return self.model.logits(hidden[tensor(last_token_rows)])

@@ -1,0 +1,86 @@
+"""One request's state as it moves through the engine, and the sampling settings it came with."""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # an end-of-sequence token
+    LENGTH = "length"  # max_tokens reached
+    CANCELLED = "cancelled"  # aborted by the caller
+    ERROR = "error"  # the engine failed while running it
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    FINISHED = enum.auto()
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 64
+    # 0 means greedy; otherwise logits are divided by it before top-k / top-p filtering.
+    temperature: float = 0.0
+    top_k: int = 0  # 0: no top-k filter
+    top_p: float = 1.0  # 1: no nucleus filter
+    # The same seed and prompt give the same tokens, whatever else shares the batch. None: drawn by the engine.
+    seed: int | None = None
+    # Tokens that end the sequence; None means the checkpoint's end-of-sequence ids.
+    stop_token_ids: tuple[int, ...] | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    def validate(self) -> None:
+        """Raise ValueError naming the setting that is out of range."""
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0.0):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
+        if self.seed is not None and not (0 <= self.seed < 2**64):
+            raise ValueError(f"seed must lie in [0, 2**64), got {self.seed}")
+
+
+@dataclass(eq=False)
+class Sequence:
+    """A request inside the engine. `token_ids` is prompt + output; the KV cache holds the first
+    `num_computed_tokens` of them. Each step schedules tokens so that the second catches up with the first."""
+
+    request_id: str
+    token_ids: list[int]
+    num_prompt_tokens: int
+    params: SamplingParams
+    stop_token_ids: frozenset[int]
+    seed: int
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    generator: torch.Generator | None = None  # made by the sampler, on the logits' device
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED

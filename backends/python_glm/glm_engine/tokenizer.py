@@ -1,0 +1,83 @@
+"""The checkpoint's tokenizer, and the streaming rule that keeps multi-byte characters whole.
+
+One module used by preprocessing, the engine's streaming and postprocessing, so they can never disagree.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from tokenizers import Tokenizer
+
+from .config import CheckpointError
+
+REPLACEMENT_CHAR = "\ufffd"
+# A UTF-8 character is at most 4 bytes, so an unfinished one spans at most the last 3 byte-level tokens.
+_MAX_UNFINISHED_TOKENS = 4
+
+
+class GlmTokenizer:
+    """A `tokenizer.json` tokenizer. Encoding adds the checkpoint's own prefix (GLM-4: `[gMASK]<sop>`);
+    decoding drops special tokens."""
+
+    def __init__(self, model_dir: str):
+        path = os.path.join(model_dir, "tokenizer.json")
+        if not os.path.isfile(path):
+            raise CheckpointError(f"{model_dir!r} has no tokenizer.json (a Hugging Face fast tokenizer is required)")
+        self._tokenizer = Tokenizer.from_file(path)
+        config_path = os.path.join(model_dir, "tokenizer_config.json")
+        self.config: dict = {}
+        if os.path.isfile(config_path):
+            with open(config_path) as f:
+                self.config = json.load(f)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tokenizer.get_vocab_size()
+
+    def encode(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self._tokenizer.encode_batch(texts)]
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=True)
+
+    def decode_batch(self, batch: list[list[int]]) -> list[str]:
+        return self._tokenizer.decode_batch(batch, skip_special_tokens=True)
+
+    def token_id(self, token: str) -> int | None:
+        return self._tokenizer.token_to_id(token)
+
+
+class CompleteTextChunker:
+    """Groups a stream of token ids into chunks that each decode, alone, to whole characters.
+
+    Byte-level BPE can split one character (a Chinese one takes 3 UTF-8 bytes) across tokens, and decoding such a
+    token alone gives U+FFFD. Tokens are held back until the text they start is complete, so that a stateless
+    postprocessing step that decodes each chunk alone produces, concatenated, exactly the text of decoding all
+    tokens at once (the failure of decoding each streamed token alone, TensorRT-LLM backend issue #332).
+    """
+
+    def __init__(self, tokenizer: GlmTokenizer):
+        self._tokenizer = tokenizer
+        self._pending: list[int] = []  # always starts on a character boundary
+
+    def push(self, token_ids: list[int]) -> list[int]:
+        """Add new tokens; return those that are now safe to decode (possibly none)."""
+        self._pending += token_ids
+        # The longest prefix whose text does not end inside a character. Cutting there is exact, because text
+        # that ends on a whole character never changes when more bytes follow.
+        shortest = max(0, len(self._pending) - _MAX_UNFINISHED_TOKENS)
+        for cut in range(len(self._pending), shortest, -1):
+            if not self._tokenizer.decode(self._pending[:cut]).endswith(REPLACEMENT_CHAR):
+                ready, self._pending = self._pending[:cut], self._pending[cut:]
+                return ready
+        return []
+
+    def flush(self) -> list[int]:
+        """The stream is over: whatever is still held back, undecodable bytes included."""
+        ready, self._pending = self._pending, []
+        return ready

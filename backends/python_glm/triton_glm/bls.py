@@ -1,0 +1,65 @@
+"""`bls`: the whole pipeline in one non-decoupled model, for clients that cannot talk to a decoupled one
+(Triton's HTTP /infer, so `tritonclient.http`, and perf tools over HTTP). It tokenizes and detokenizes with the
+same tokenizer module as the ensemble and calls the `glm` model through BLS, so both paths give the same text.
+Streaming goes through the `ensemble`."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from glm_engine.tokenizer import GlmTokenizer
+
+from .common import InputError, as_text, check_prompt, error_response, optional_scalar, required_array, \
+    resolve_model_dir
+
+# The bls input name -> the glm input it becomes (the ensemble's mapping), for the optional inputs.
+GLM_INPUTS = {"max_tokens": "request_output_len", "exclude_input_in_output": "exclude_input_in_output",
+              "temperature": "temperature", "top_k": "runtime_top_k", "top_p": "runtime_top_p", "seed": "seed",
+              "end_id": "end_id", "pad_id": "pad_id"}
+
+
+class Bls:
+    def __init__(self, args: dict, parameters: dict[str, str]):
+        self.tokenizer = GlmTokenizer(resolve_model_dir(parameters, args))
+        self.engine_model = parameters.pop("engine_model", "glm")
+        # execute() gets a dynamic batch; each request waits on the engine, so they wait side by side.
+        self.pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="bls")
+
+    def execute(self, requests):
+        return list(self.pool.map(self._one, requests))
+
+    def _one(self, request):
+        try:
+            texts = [as_text(v) for v in required_array(request, "text_input").reshape(-1)]
+            if len(texts) != 1:
+                raise InputError(f"one prompt per request, got {len(texts)}")
+            check_prompt(texts[0])
+            if optional_scalar(request, "stream", False, bool):
+                raise InputError("the bls model answers in one response; stream through the 'ensemble' model")
+        except (InputError, UnicodeDecodeError) as exc:
+            return error_response(str(exc))
+
+        prompt = np.array([self.tokenizer.encode(texts[0])], dtype=np.int32)
+        inputs = [pb_utils.Tensor("input_ids", prompt),
+                  pb_utils.Tensor("input_lengths", np.array([[prompt.shape[1]]], dtype=np.int32))]
+        for name, glm_name in GLM_INPUTS.items():
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            if tensor is not None:
+                inputs.append(pb_utils.Tensor(glm_name, tensor.as_numpy()))
+        engine_request = pb_utils.InferenceRequest(model_name=self.engine_model, inputs=inputs,
+                                                   requested_output_names=["output_ids", "sequence_length"])
+        token_ids: list[int] = []
+        for response in engine_request.exec(decoupled=True):
+            if response.has_error():
+                return pb_utils.InferenceResponse(output_tensors=[], error=response.error())
+            output = pb_utils.get_output_tensor_by_name(response, "output_ids")
+            if output is not None:
+                token_ids += output.as_numpy().reshape(-1).tolist()
+        text = np.array([[self.tokenizer.decode(token_ids).encode("utf-8")]], dtype=np.object_)
+        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("text_output", text)])
+
+    def finalize(self):
+        self.pool.shutdown(wait=False, cancel_futures=True)

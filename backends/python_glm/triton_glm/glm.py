@@ -1,0 +1,109 @@
+"""`glm`: the engine as a decoupled Triton model. execute() only validates and submits; the engine thread sends
+each request's responses through its response sender as tokens come."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from glm_engine import EngineConfig, EngineThread, FinishReason, LLMEngine, RequestOutput, SamplingParams
+from glm_engine.tokenizer import CompleteTextChunker, GlmTokenizer
+
+from .common import InputError, error_response, optional_scalar, required_array, resolve_model_dir
+
+log = logging.getLogger(__name__)
+
+
+class GlmEngineModel:
+    def __init__(self, args: dict, parameters: dict[str, str]):
+        model_dir = resolve_model_dir(parameters, args)
+        self.config = EngineConfig.from_parameters({**parameters, "model_dir": model_dir})
+        self.engine = LLMEngine(self.config)
+        self.tokenizer = GlmTokenizer(model_dir)
+        self.engine_thread = EngineThread(self.engine)
+        self._request_ids = itertools.count()
+        log.info("glm engine ready: %s, max_model_len %d", model_dir, self.engine.max_model_len)
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                prompt, params, streaming, echo_prompt = self._parse(request)
+                stream = ResponseStream(sender, streaming, prompt if echo_prompt else [],
+                                        CompleteTextChunker(self.tokenizer))
+                self.engine_thread.submit(f"r{next(self._request_ids)}", prompt, params, stream.on_output)
+            except ValueError as exc:  # InputError, or the engine's own checks
+                sender.send(error_response(str(exc)), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+
+    def _parse(self, request) -> tuple[list[int], SamplingParams, bool, bool]:
+        ids = required_array(request, "input_ids")
+        lengths = required_array(request, "input_lengths")
+        if ids.ndim != 2 or ids.shape[0] != 1 or lengths.size != 1:
+            raise InputError(f"one prompt per request: input_ids must be [1, tokens], got {list(ids.shape)}")
+        length = int(lengths.reshape(-1)[0])
+        if not 0 < length <= ids.shape[1]:
+            raise InputError(f"input_lengths must lie in [1, {ids.shape[1]}], got {length}: the prompt is empty "
+                             "or shorter than stated")
+        end_id = optional_scalar(request, "end_id", None, int)
+        params = SamplingParams(
+            max_tokens=optional_scalar(request, "request_output_len", self.config.default_max_tokens, int),
+            temperature=optional_scalar(request, "temperature", 0.0, float),
+            top_k=optional_scalar(request, "runtime_top_k", 0, int),
+            top_p=optional_scalar(request, "runtime_top_p", 1.0, float),
+            seed=optional_scalar(request, "seed", None, int),
+            stop_token_ids=None if end_id is None else (end_id,),
+        )
+        # pad_id is accepted for TensorRT-LLM clients; outputs are never padded, so it changes nothing.
+        optional_scalar(request, "pad_id", None, int)
+        streaming = optional_scalar(request, "streaming", False, bool)
+        exclude_input = optional_scalar(request, "exclude_input_in_output", False, bool)
+        # As in TensorRT-LLM, a stream carries only new tokens; a single response echoes the prompt unless excluded.
+        return ids[0, :length].tolist(), params, streaming, not (exclude_input or streaming)
+
+    def finalize(self):
+        self.engine_thread.shutdown()
+
+
+class ResponseStream:
+    """One request's responses. Streaming: a response whenever new tokens complete some text; otherwise one
+    response with everything at the end. The last response carries the final flag."""
+
+    def __init__(self, sender, streaming: bool, prompt_echo: list[int], chunker: CompleteTextChunker):
+        self.sender = sender
+        self.streaming = streaming
+        self.collected = list(prompt_echo)
+        self.chunker = chunker
+
+    def on_output(self, output: RequestOutput) -> bool:
+        """Called on the engine thread; returning False asks the engine to abort the request."""
+        if output.finish_reason is FinishReason.CANCELLED:
+            self.sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return False
+        if output.error:
+            self.sender.send(error_response(output.error, internal=True), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return False
+        if self.sender.is_cancelled():
+            return False
+        if self.streaming:
+            ready = self.chunker.push(output.new_token_ids)
+            if output.finished:
+                ready += self.chunker.flush()
+            if ready or output.finished:
+                self._send(ready, output.finished)
+        else:
+            self.collected += output.new_token_ids
+            if output.finished:
+                self._send(self.collected, True)
+        return True
+
+    def _send(self, token_ids: list[int], final: bool) -> None:
+        ids = np.array(token_ids, dtype=np.int32).reshape(1, 1, -1)
+        response = pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor("output_ids", ids),
+            pb_utils.Tensor("sequence_length", np.array([[len(token_ids)]], dtype=np.int32)),
+        ])
+        self.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)

@@ -1,0 +1,38 @@
+"""`preprocessing`: text_input -> input_ids with the checkpoint's tokenizer (which adds GLM's own prefix)."""
+
+from __future__ import annotations
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from glm_engine.tokenizer import GlmTokenizer
+
+from .common import InputError, as_text, check_prompt, error_response, required_array, resolve_model_dir
+
+
+class Preprocessing:
+    def __init__(self, args: dict, parameters: dict[str, str]):
+        self.tokenizer = GlmTokenizer(resolve_model_dir(parameters, args))
+        pad = self.tokenizer.token_id("<|endoftext|>")
+        self.pad_id = pad if pad is not None else 0
+
+    def execute(self, requests):
+        return [self._one(request) for request in requests]
+
+    def _one(self, request):
+        try:
+            texts = [as_text(v) for v in required_array(request, "QUERY").reshape(-1)]
+            for text in texts:
+                check_prompt(text)
+        except (InputError, UnicodeDecodeError) as exc:
+            return error_response(str(exc))
+        encoded = self.tokenizer.encode_batch(texts)
+        lengths = np.array([[len(ids)] for ids in encoded], dtype=np.int32)
+        ids = np.full((len(encoded), int(lengths.max())), self.pad_id, dtype=np.int32)
+        for row, seq in enumerate(encoded):
+            ids[row, :len(seq)] = seq
+        return pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor("INPUT_ID", ids), pb_utils.Tensor("REQUEST_INPUT_LEN", lengths)])
+
+    def finalize(self):
+        pass

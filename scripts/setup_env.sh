@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Create .venv (Python 3.11: the Triton Python stub embeds the system's libpython3.11) and install the pinned
+# requirements file given as $1. Does nothing when that file has not changed since the last install.
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+requirements="$repo/${1:-requirements.txt}"
+venv="${VENV:-$repo/.venv}"
+python="${PYTHON:-python3.11}"
+
+if ! command -v "$python" >/dev/null; then
+  echo "[setup] $python not found: Triton's Python backend stub here is built for Python 3.11" >&2
+  exit 1
+fi
+if [ ! -x "$venv/bin/python" ]; then
+  echo "[setup] creating $venv"
+  "$python" -m venv "$venv"
+fi
+stamp="$venv/.installed-$(basename "$requirements").sha256"
+wanted="$(cat "$repo"/requirements*.txt | sha256sum | cut -d' ' -f1)"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
+  echo "[setup] installing $(basename "$requirements") into $venv (about a minute on a fresh machine)"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$requirements"
+  echo "$wanted" > "$stamp"
+fi

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# All the tests: install (with the test-only packages), then pytest. The integration tests build their own demo
+# checkpoint and start their own tritonserver on free ports. Extra arguments go to pytest.
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+"$repo/scripts/setup_env.sh" requirements-test.txt
+cd "$repo"
+exec "$repo/.venv/bin/python" -m pytest tests "$@"

@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""Start the real `tritonserver` (shipped inside the PyPI package nvidia-pytriton) on this repository's models.
+
+Used by scripts/serve.sh and by the integration tests, so both run the server the same way:
+
+    python scripts/triton_server.py [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002] [--model-dir DIR]
+
+It assembles a backend directory under .build/backends/ holding Triton's `python` backend (from the wheel) and
+this repository's `python_glm` backend, starts the server with the flags in `server_args`, waits for
+/v2/health/ready, and stops the server and its Python stub processes on Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODEL_REPOSITORY = os.path.join(REPO, "model_repository")
+BACKEND_SOURCE = os.path.join(REPO, "backends", "python_glm")
+BUILD_BACKENDS = os.path.join(REPO, ".build", "backends")
+
+
+def pytriton_root() -> str:
+    root = os.path.join(sysconfig.get_paths()["purelib"], "pytriton", "tritonserver")
+    if not os.path.isdir(root):
+        sys.exit(f"tritonserver not found at {root}: install nvidia-pytriton (scripts/setup_env.sh does)")
+    return root
+
+
+def prepare_backend_dir(target: str = BUILD_BACKENDS) -> str:
+    """target/python: Triton's Python backend and the stub for this Python; target/python_glm: ours (a link)."""
+    root = pytriton_root()
+    python_dir = os.path.join(target, "python")
+    os.makedirs(python_dir, exist_ok=True)
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    for source in (os.path.join(root, "backends", "python", "libtriton_python.so"),
+                   os.path.join(root, "backends", "python", "triton_python_backend_utils.py"),
+                   os.path.join(root, "python_backend_stubs", version, "triton_python_backend_stub")):
+        destination = os.path.join(python_dir, os.path.basename(source))
+        if not os.path.exists(destination) or os.path.getmtime(destination) < os.path.getmtime(source):
+            shutil.copy2(source, destination)
+    link = os.path.join(target, "python_glm")
+    if os.path.islink(link) and os.readlink(link) != BACKEND_SOURCE:
+        os.unlink(link)
+    if not os.path.islink(link):
+        os.symlink(BACKEND_SOURCE, link)
+    return target
+
+
+def server_args(http_port: int, grpc_port: int, metrics_port: int,
+                model_repository: str = MODEL_REPOSITORY, backend_dir: str = BUILD_BACKENDS) -> list[str]:
+    """The server's flags: the single place they are written down."""
+    return [
+        f"--model-repository={model_repository}",
+        f"--backend-directory={backend_dir}",
+        f"--http-port={http_port}",
+        f"--grpc-port={grpc_port}",
+        f"--metrics-port={metrics_port}",
+        "--allow-metrics=true",
+        "--exit-on-error=true",
+        "--strict-readiness=true",
+        "--log-verbose=0",
+    ]
+
+
+def server_env(model_dir: str | None) -> dict[str, str]:
+    env = dict(os.environ)
+    libs = os.path.join(os.path.dirname(os.path.dirname(pytriton_root())), "nvidia_pytriton.libs")
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libs, env.get("LD_LIBRARY_PATH")) if p)
+    # The Python stub imports the packages of the environment whose python3 comes first on PATH: ours.
+    env["PATH"] = os.pathsep.join((os.path.dirname(sys.executable), env.get("PATH", "")))
+    if model_dir:
+        env["GLM_MODEL_DIR"] = os.path.abspath(model_dir)
+    return env
+
+
+class TritonServer:
+    """A running tritonserver process group; a context manager that always stops it."""
+
+    def __init__(self, http_port=8000, grpc_port=8001, metrics_port=8002, model_dir=None,
+                 model_repository=MODEL_REPOSITORY, log_path=None, extra_env=None):
+        self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
+        self.model_dir, self.model_repository, self.log_path = model_dir, model_repository, log_path
+        self.extra_env = extra_env or {}
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"localhost:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"localhost:{self.grpc_port}"
+
+    def start(self) -> "TritonServer":
+        backend_dir = prepare_backend_dir()
+        command = [os.path.join(pytriton_root(), "bin", "tritonserver"),
+                   *server_args(self.http_port, self.grpc_port, self.metrics_port, self.model_repository,
+                                backend_dir)]
+        output = open(self.log_path, "w") if self.log_path else None
+        # A session of its own, so stopping it also stops the Python stub processes it started.
+        self.process = subprocess.Popen(command, env={**server_env(self.model_dir), **self.extra_env},
+                                        stdout=output, stderr=subprocess.STDOUT if output else None,
+                                        start_new_session=True)
+        return self
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as response:
+                return response.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
+
+    def wait_ready(self, timeout: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"tritonserver exited with code {self.process.returncode} before it was ready"
+                                   + (f"; see {self.log_path}" if self.log_path else ""))
+            if self.is_ready():
+                return
+            time.sleep(0.5)
+        raise TimeoutError(f"tritonserver not ready after {timeout:.0f}s")
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)  # Triton finishes in-flight requests, then unloads models
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        finally:
+            try:  # stubs that outlived the server
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run tritonserver on Open-AutoGLM's model repository.")
+    parser.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
+    parser.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
+    parser.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
+    parser.add_argument("--model-dir", default=os.environ.get("GLM_MODEL_DIR"),
+                        help="GLM checkpoint to serve (default: model_dir in the models' config.pbtxt)")
+    parser.add_argument("--model-repository", default=MODEL_REPOSITORY)
+    args = parser.parse_args(argv)
+
+    server = TritonServer(args.http_port, args.grpc_port, args.metrics_port, args.model_dir, args.model_repository)
+    stop_requested = []
+    signal.signal(signal.SIGTERM, lambda *_: stop_requested.append(True))
+    print(f"[serve] starting tritonserver (HTTP {args.http_port}, gRPC {args.grpc_port}, "
+          f"metrics {args.metrics_port})...", flush=True)
+    started = time.monotonic()
+    server.start()
+    try:
+        server.wait_ready()
+        print(f"""
+[serve] ready in {time.monotonic() - started:.0f}s. Try:
+  curl -s -X POST localhost:{args.http_port}/v2/models/ensemble/generate \\
+       -d '{{"text_input": "Hello, GLM", "max_tokens": 32}}'
+  curl -s -N -X POST localhost:{args.http_port}/v2/models/ensemble/generate_stream \\
+       -d '{{"text_input": "Hello, GLM", "max_tokens": 32, "stream": true}}'
+  gRPC on localhost:{args.grpc_port}, Prometheus metrics on localhost:{args.metrics_port}/metrics.
+[serve] Ctrl-C stops the server.""", flush=True)
+        while not stop_requested and server.process.poll() is None:
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        print("\n[serve] stopping tritonserver...", flush=True)
+        server.stop()
+    return 0 if server.process.returncode in (0, -signal.SIGTERM, -signal.SIGKILL) else server.process.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""KV block accounting: the pool's invariants hold after every step, and every block comes back however a
+request ends (finished, stopped, aborted, failed, preempted and recomputed)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from glm_engine import EngineConfig, FinishReason, LLMEngine, SamplingParams
+from glm_engine.block_pool import BlockPool
+from glm_engine.sequence import Sequence
+
+
+def sequence(request_id="s", tokens=1):
+    return Sequence(request_id, [5] * tokens, tokens, SamplingParams(), frozenset(), seed=0)
+
+
+def test_allocate_grows_block_table_by_whole_blocks():
+    pool = BlockPool(num_blocks=4, block_size=4)
+    seq = sequence()
+    pool.allocate(seq, 5)
+    assert len(seq.block_table) == 2 and pool.num_free_blocks == 2
+    pool.allocate(seq, 8)  # still fits in two blocks
+    assert len(seq.block_table) == 2
+    pool.allocate(seq, 9)
+    assert len(seq.block_table) == 3
+    pool.check_invariants([seq])
+    pool.free(seq)
+    assert seq.block_table == [] and pool.num_free_blocks == 4
+    pool.check_invariants([])
+
+
+def test_exhaustion_is_refused_without_side_effects():
+    pool = BlockPool(num_blocks=2, block_size=4)
+    a, b = sequence("a"), sequence("b")
+    pool.allocate(a, 8)
+    assert not pool.can_allocate(b, 1)
+    with pytest.raises(RuntimeError, match="exhausted"):
+        pool.allocate(b, 1)
+    assert b.block_table == [] and pool.num_free_blocks == 0
+    pool.check_invariants([a, b])
+
+
+def test_free_returns_the_tail_first():
+    pool = BlockPool(num_blocks=3, block_size=1)
+    seq = sequence()
+    pool.allocate(seq, 3)
+    held = list(seq.block_table)
+    pool.free(seq)
+    assert list(pool.free_block_ids) == held[::-1]
+
+
+@pytest.fixture(scope="module")
+def glm4_dir(tmp_path_factory):
+    from conftest import make_tiny_checkpoint
+
+    return make_tiny_checkpoint(str(tmp_path_factory.mktemp("glm4-accounting")), "glm4")[0]
+
+
+request_strategy = st.tuples(
+    st.integers(1, 40),  # prompt length
+    st.integers(1, 20),  # max_tokens
+    st.integers(0, 12),  # arrival step
+    st.one_of(st.none(), st.integers(0, 15)),  # abort at step, if any
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(requests=st.lists(request_strategy, min_size=1, max_size=8),
+       num_blocks=st.integers(8, 24), budget=st.integers(4, 64), max_seqs=st.integers(1, 6))
+def test_randomized_schedule_keeps_invariants_and_frees_everything(glm4_dir, requests, num_blocks, budget, max_seqs):
+    engine = LLMEngine(EngineConfig(model_dir=glm4_dir, block_size=4, num_kv_blocks=num_blocks,
+                                    max_num_batched_tokens=budget, max_num_seqs=max_seqs))
+    generator = torch.Generator().manual_seed(len(requests))
+    finished = {}
+    step = 0
+    pending = sorted(enumerate(requests), key=lambda item: item[1][2])
+    while pending or engine.has_unfinished_requests():
+        while pending and pending[0][1][2] <= step:
+            index, (prompt_len, max_tokens, _, _) = pending.pop(0)
+            prompt = torch.randint(3, 512, (prompt_len,), generator=generator).tolist()
+            try:
+                engine.add_request(f"r{index}", prompt, SamplingParams(max_tokens=max_tokens, temperature=0.8,
+                                                                       seed=index))
+            except ValueError:  # can never fit this pool: rejected up front
+                finished[f"r{index}"] = FinishReason.ERROR
+        for index, (_, _, _, abort_at) in enumerate(requests):
+            if abort_at == step and (output := engine.abort_request(f"r{index}")) is not None:
+                finished[output.request_id] = output.finish_reason
+        for output in engine.step():
+            if output.finished:
+                finished[output.request_id] = output.finish_reason
+        engine.pool.check_invariants(engine.scheduler.live_sequences())
+        step += 1
+        assert step < 2000, "the schedule made no progress"
+    assert len(finished) == len(requests)
+    assert engine.pool.num_free_blocks == engine.pool.num_blocks
+    assert engine.sequences == {}
+
+
+def test_a_failed_step_fails_its_requests_and_frees_their_blocks(glm4_dir):
+    engine = LLMEngine(EngineConfig(model_dir=glm4_dir, block_size=4, num_kv_blocks=32))
+    engine.add_request("a", [5, 6, 7], SamplingParams(max_tokens=8))
+    engine.add_request("b", [8, 9], SamplingParams(max_tokens=8))
+    engine.step()
+
+    def broken(batch):
+        raise RuntimeError("device lost")
+
+    engine.runner.execute = broken
+    outputs = engine.step()
+    assert {o.request_id for o in outputs} == {"a", "b"}
+    assert all(o.finished and o.finish_reason is FinishReason.ERROR and "device lost" in o.error for o in outputs)
+    assert not engine.has_unfinished_requests()
+    assert engine.pool.num_free_blocks == engine.pool.num_blocks

@@ -1,0 +1,102 @@
+"""Sampling settings, seeds, stop conditions and request validation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from glm_engine import EngineConfig, FinishReason, LLMEngine, SamplingParams
+from glm_engine.sampler import sample
+from glm_engine.sequence import Sequence
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    from conftest import make_tiny_checkpoint
+
+    model_dir = make_tiny_checkpoint(str(tmp_path_factory.mktemp("glm4-sampling")), "glm4")[0]
+    return LLMEngine(EngineConfig(model_dir=model_dir, block_size=4, num_kv_blocks=64, max_model_len=128))
+
+
+PROMPT = [11, 12, 13, 14, 15]
+SAMPLED = SamplingParams(max_tokens=16, temperature=1.0, seed=1234, stop_token_ids=())
+
+
+def test_same_seed_same_tokens_whatever_shares_the_batch(engine):
+    alone = engine.generate([PROMPT], SAMPLED)[0]
+    others = [SamplingParams(max_tokens=n, temperature=0.7, seed=n, stop_token_ids=()) for n in (3, 9, 20)]
+    crowded = engine.generate([[7, 8], PROMPT, [9] * 17, [30, 31, 32]], [others[0], SAMPLED, others[1], others[2]])
+    assert crowded[1] == alone
+    assert engine.generate([PROMPT], SamplingParams(**{**SAMPLED.__dict__, "seed": 99}))[0] != alone
+
+
+def test_top_k_one_and_tiny_top_p_are_greedy(engine):
+    greedy = engine.generate([PROMPT], SamplingParams(max_tokens=12, stop_token_ids=()))[0]
+    top_k = engine.generate([PROMPT], SamplingParams(max_tokens=12, temperature=1.5, top_k=1, seed=3,
+                                                     stop_token_ids=()))[0]
+    top_p = engine.generate([PROMPT], SamplingParams(max_tokens=12, temperature=1.5, top_p=1e-6, seed=3,
+                                                     stop_token_ids=()))[0]
+    assert greedy == top_k == top_p
+
+
+def test_sampler_filters():
+    logits = torch.tensor([[0.0, 5.0, 4.9, -1.0, 4.8]])
+    seen_top_k, seen_top_p = set(), set()
+    for seed in range(200):
+        seq = Sequence("s", [1], 1, SamplingParams(temperature=1.0, top_k=2), frozenset(), seed=seed)
+        seen_top_k.update(sample(logits, [seq]))
+        # The three best hold ~99.6% of the mass; top_p 0.6 keeps exactly the two best.
+        seq = Sequence("s", [1], 1, SamplingParams(temperature=1.0, top_p=0.6), frozenset(), seed=seed)
+        seen_top_p.update(sample(logits, [seq]))
+    assert seen_top_k == {1, 2}
+    assert seen_top_p == {1, 2}
+
+
+def test_stops_at_end_id_and_does_not_return_it(engine):
+    free_run = engine.generate([PROMPT], SamplingParams(max_tokens=10, stop_token_ids=()))[0]
+    stop = free_run[4]
+    engine.add_request("stopper", PROMPT, SamplingParams(max_tokens=10, stop_token_ids=(stop,)))
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    assert [t for o in outputs for t in o.new_token_ids] == free_run[:free_run.index(stop)]
+    assert outputs[-1].finished and outputs[-1].finish_reason is FinishReason.STOP
+
+
+def test_max_tokens_gives_length(engine):
+    engine.add_request("len", PROMPT, SamplingParams(max_tokens=3, stop_token_ids=()))
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    assert outputs[-1].finish_reason is FinishReason.LENGTH and outputs[-1].num_output_tokens == 3
+
+
+@pytest.mark.parametrize("params, message", [
+    (SamplingParams(max_tokens=0), "max_tokens must be at least 1"),
+    (SamplingParams(temperature=-0.5), "temperature must be"),
+    (SamplingParams(temperature=float("nan")), "temperature must be"),
+    (SamplingParams(top_p=0.0), r"top_p must lie in \(0, 1\]"),
+    (SamplingParams(top_p=1.5), r"top_p must lie in \(0, 1\]"),
+    (SamplingParams(top_k=-1), "top_k must be"),
+    (SamplingParams(stop_token_ids=(10**6,)), "end_id must lie"),
+    (SamplingParams(max_tokens=200), "over the model's limit of 128"),
+])
+def test_bad_settings_are_refused_with_their_name(engine, params, message):
+    with pytest.raises(ValueError, match=message):
+        engine.add_request("bad", PROMPT, params)
+    assert not engine.has_unfinished_requests()
+
+
+def test_bad_prompts_are_refused(engine):
+    with pytest.raises(ValueError, match="empty"):
+        engine.add_request("empty", [], SamplingParams())
+    with pytest.raises(ValueError, match="must lie in"):
+        engine.add_request("oov", [1, 99999], SamplingParams())
+    with pytest.raises(ValueError, match="over the model's limit"):
+        engine.add_request("long", [5] * 120, SamplingParams(max_tokens=16))
+
+
+def test_requests_larger_than_the_whole_cache_are_refused(engine):
+    small = LLMEngine(EngineConfig(model_dir=engine.config.model_dir, block_size=4, num_kv_blocks=4))
+    with pytest.raises(ValueError, match="more than the whole cache"):
+        small.add_request("huge", [5] * 10, SamplingParams(max_tokens=10))

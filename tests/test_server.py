@@ -1,0 +1,235 @@
+"""Against the real tritonserver (started by the `triton_server` fixture on free ports, serving the demo checkpoint):
+the generate endpoints, tritonclient over HTTP and gRPC (streaming too), concurrency, Chinese streaming and errors."""
+
+from __future__ import annotations
+
+import json
+import queue
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+pytestmark = pytest.mark.integration
+
+CHINESE_PROMPTS = ["用中文讲一个故事", "今天天气很好", "请介绍一下分页缓存", "你好，世界", "晚上大家一起吃饭"]
+
+
+# -- small clients (the SDK in clients/ is a separate issue; these stay close to the raw protocols) --------------
+def generate(server, **body) -> requests.Response:
+    return requests.post(f"http://{server.http_url}/v2/models/ensemble/generate", json=body, timeout=120)
+
+
+def generate_text(server, prompt, **params) -> str:
+    response = generate(server, text_input=prompt, exclude_input_in_output=True, **params)
+    assert response.status_code == 200, response.text
+    return response.json()["text_output"]
+
+
+def generate_stream(server, **body) -> list[str]:
+    """The text of each server-sent event of /generate_stream."""
+    pieces = []
+    with requests.post(f"http://{server.http_url}/v2/models/ensemble/generate_stream", json=body, stream=True,
+                       timeout=120) as response:
+        assert response.status_code == 200, response.text
+        for line in response.iter_lines(decode_unicode=True):
+            if line.startswith("data: "):
+                event = json.loads(line[len("data: "):])
+                assert "error" not in event, event
+                pieces.append(event["text_output"])
+    return pieces
+
+
+def ensemble_inputs(module, prompt: str, **params):
+    types = {"max_tokens": ("INT32", np.int32), "stream": ("BOOL", bool), "exclude_input_in_output": ("BOOL", bool),
+             "temperature": ("FP32", np.float32), "top_k": ("INT32", np.int32), "top_p": ("FP32", np.float32),
+             "seed": ("UINT64", np.uint64)}
+    text = module.InferInput("text_input", [1, 1], "BYTES")
+    text.set_data_from_numpy(np.array([[prompt.encode()]], dtype=np.object_))
+    inputs = [text]
+    for name, value in params.items():
+        datatype, numpy_type = types[name]
+        tensor = module.InferInput(name, [1, 1], datatype)
+        tensor.set_data_from_numpy(np.array([[value]], dtype=numpy_type))
+        inputs.append(tensor)
+    return inputs
+
+
+def grpc_stream(server, prompt: str, **params) -> list[str]:
+    """Pieces of one streamed request over gRPC bidirectional streaming (start_stream / async_stream_infer)."""
+    results: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        client.async_stream_infer("ensemble", ensemble_inputs(grpcclient, prompt, stream=True, **params),
+                                  enable_empty_final_response=True)
+        pieces = []
+        while True:
+            result, error = results.get(timeout=120)
+            if error is not None:
+                raise error
+            response = result.get_response()
+            if response.outputs:
+                pieces.append(result.as_numpy("text_output").reshape(-1)[0].decode())
+            if response.parameters["triton_final_response"].bool_param:
+                return pieces
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def assert_still_serving(server):
+    assert server.is_ready()
+    assert generate_text(server, "still there?", max_tokens=4)
+
+
+# -- the endpoints -------------------------------------------------------------------------------------------------
+def test_http_generate_returns_the_whole_answer_in_one_response(triton_server):
+    response = generate(triton_server, text_input="Hello, GLM", max_tokens=16)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["model_name"] == "ensemble"
+    # By default the prompt is echoed, as TensorRT-LLM's ensemble does; exclude_input_in_output drops it.
+    assert body["text_output"].startswith("Hello, GLM")
+    answer = generate_text(triton_server, "Hello, GLM", max_tokens=16)
+    assert answer and body["text_output"] == "Hello, GLM" + answer
+
+
+def test_generate_stream_sends_pieces_that_add_up_to_the_answer(triton_server):
+    whole = generate_text(triton_server, "Once upon a time", max_tokens=24)
+    pieces = generate_stream(triton_server, text_input="Once upon a time", max_tokens=24, stream=True)
+    assert len(pieces) > 5
+    assert "".join(pieces) == whole
+
+
+def test_tritonclient_http_grpc_and_grpc_streaming_agree(triton_server):
+    prompt = "The paged KV cache"
+    whole = generate_text(triton_server, prompt, max_tokens=20)
+
+    # /infer refuses decoupled models (so the ensemble); the non-decoupled bls model answers it.
+    for module, url in ((httpclient, triton_server.http_url), (grpcclient, triton_server.grpc_url)):
+        client = module.InferenceServerClient(url)
+        result = client.infer("bls", ensemble_inputs(module, prompt, max_tokens=20, exclude_input_in_output=True))
+        assert result.as_numpy("text_output").reshape(-1)[0].decode() == whole, module.__name__
+
+    pieces = grpc_stream(triton_server, prompt, max_tokens=20)
+    assert len(pieces) > 5 and "".join(pieces) == whole
+
+
+def test_bls_checks_its_input_like_the_ensemble(triton_server):
+    client = httpclient.InferenceServerClient(triton_server.http_url)
+    with pytest.raises(InferenceServerException, match="'text_input' is empty"):
+        client.infer("bls", ensemble_inputs(httpclient, " "))
+    with pytest.raises(InferenceServerException, match="top_p must lie in"):
+        client.infer("bls", ensemble_inputs(httpclient, "hi", top_p=2.0))
+    with pytest.raises(InferenceServerException, match="stream through the 'ensemble'"):
+        client.infer("bls", ensemble_inputs(httpclient, "hi", stream=True))
+    assert_still_serving(triton_server)
+
+
+def test_sixteen_concurrent_requests_give_the_texts_they_give_alone(triton_server):
+    prompts = [f"Request number {i}: tell me about {topic}" for i, topic in
+               enumerate(["caches", "schedulers", "GPUs", "tokens"] * 4)]
+    alone = [generate_text(triton_server, p, max_tokens=24) for p in prompts]
+
+    def concurrent(index):
+        # Half over HTTP generate, half over gRPC streaming, all at once.
+        if index % 2:
+            return "".join(grpc_stream(triton_server, prompts[index], max_tokens=24))
+        return generate_text(triton_server, prompts[index], max_tokens=24)
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        together = list(pool.map(concurrent, range(16)))
+    assert together == alone
+
+
+def test_same_seed_same_sampled_text(triton_server):
+    params = dict(max_tokens=20, temperature=1.0, top_p=0.9, seed=42)
+    first = generate_text(triton_server, "Sample me", **params)
+    assert generate_text(triton_server, "Sample me", **params) == first
+    assert generate_text(triton_server, "Sample me", **{**params, "seed": 43}) != first
+
+
+def test_streamed_chinese_equals_the_whole_answer(triton_server):
+    answers = []
+    for prompt in CHINESE_PROMPTS:
+        whole = generate_text(triton_server, prompt, max_tokens=48)
+        assert "".join(grpc_stream(triton_server, prompt, max_tokens=48)) == whole, prompt
+        assert "".join(generate_stream(triton_server, text_input=prompt, max_tokens=48, stream=True)) == whole
+        answers.append(whole)
+    # The check means something only if the answers hold multi-byte characters.
+    assert any("\u4e00" <= char <= "\u9fff" for answer in answers for char in answer)
+
+
+# -- bad input: a clear error, and the server goes on ----------------------------------------------------------------
+@pytest.mark.parametrize("body, expected", [
+    ({"text_input": "", "max_tokens": 8}, "'text_input' is empty"),
+    ({"text_input": "   ", "max_tokens": 8}, "'text_input' is empty"),
+    ({"text_input": "hi", "max_tokens": 0}, "max_tokens must be at least 1"),
+    ({"text_input": "hi", "max_tokens": -3}, "max_tokens must be at least 1"),
+    ({"text_input": "hi", "max_tokens": 100000}, "over the model's limit"),
+    ({"text_input": "hi", "top_p": 0.0}, "top_p must lie in (0, 1]"),
+    ({"text_input": "hi", "temperature": -1.0}, "temperature must be"),
+    ({"text_input": "hi", "top_k": -2}, "top_k must be"),
+])
+def test_bad_values_get_a_clear_error(triton_server, body, expected):
+    response = generate(triton_server, **body)
+    assert response.status_code == 400, response.text
+    assert expected in response.json()["error"]
+    assert_still_serving(triton_server)
+
+
+def test_over_long_prompt_is_refused(triton_server):
+    response = generate(triton_server, text_input="word " * 5000, max_tokens=8)
+    assert response.status_code == 400 and "over the model's limit" in response.json()["error"]
+    assert_still_serving(triton_server)
+
+
+def grpc_stream_error(server, inputs) -> str:
+    """Send one streamed request to the ensemble and return the error it gets."""
+    results: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: results.put(error))
+    try:
+        client.async_stream_infer("ensemble", inputs)
+        error = results.get(timeout=60)
+        assert error is not None
+        return str(error)
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def test_wrong_dtype_and_shape_are_refused(triton_server):
+    def max_tokens(module, shape, datatype, values):
+        tensor = module.InferInput("max_tokens", shape, datatype)
+        tensor.set_data_from_numpy(values)
+        return [*ensemble_inputs(module, "hi"), tensor]
+
+    wrong_dtype = ([1, 1], "FP32", np.array([[8.0]], dtype=np.float32))
+    two_values = ([1, 2], "INT32", np.array([[8, 9]], dtype=np.int32))
+    client = httpclient.InferenceServerClient(triton_server.http_url)
+    with pytest.raises(InferenceServerException, match="max_tokens.*FP32"):
+        client.infer("bls", max_tokens(httpclient, *wrong_dtype))
+    assert "max_tokens" in grpc_stream_error(triton_server, max_tokens(grpcclient, *wrong_dtype))
+    assert "max_tokens" in grpc_stream_error(triton_server, max_tokens(grpcclient, *two_values))
+
+    # Triton's own JSON parsing of the generate endpoint refuses it (its message does not name the field).
+    response = generate(triton_server, text_input="hi", max_tokens="eight")
+    assert response.status_code >= 400 and "Unable to parse" in response.json()["error"]
+    assert_still_serving(triton_server)
+
+
+def test_cancelled_stream_leaves_the_server_serving(triton_server):
+    results: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(triton_server.grpc_url)
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    client.async_stream_infer("ensemble", ensemble_inputs(grpcclient, "a long story", max_tokens=2000, stream=True))
+    results.get(timeout=60)  # the first piece arrived: the request is running
+    client.stop_stream(cancel_requests=True)
+    client.close()
+    assert_still_serving(triton_server)

@@ -1,0 +1,64 @@
+"""The tokenizer module, the streaming chunker that keeps characters whole, and the demo checkpoint builder."""
+
+from __future__ import annotations
+
+import filecmp
+import os
+
+import pytest
+import torch
+
+from glm_engine import EngineConfig, LLMEngine, SamplingParams
+from glm_engine.tokenizer import REPLACEMENT_CHAR, CompleteTextChunker, GlmTokenizer
+
+CHINESE = "模型的输出被逐个词元地发送给客户端，后处理必须保证每一段文本都是完整的字符。龘靐齉"
+
+
+@pytest.fixture(scope="module")
+def tokenizer(demo_model_dir):
+    return GlmTokenizer(demo_model_dir)
+
+
+def test_prompt_gets_glm_prefix_and_decodes_back(tokenizer):
+    ids = tokenizer.encode("Hello 世界")
+    assert ids[:2] == [tokenizer.token_id("[gMASK]"), tokenizer.token_id("<sop>")]
+    assert tokenizer.decode(ids) == "Hello 世界"
+
+
+def test_streamed_chunks_decode_alone_to_the_whole_text(tokenizer):
+    ids = tokenizer.encode(CHINESE)[2:]
+    # The rare characters are not in the vocabulary: their UTF-8 bytes are split across tokens.
+    assert any(tokenizer.decode([t]).endswith(REPLACEMENT_CHAR) for t in ids)
+    naive = "".join(tokenizer.decode([t]) for t in ids)
+    assert naive != CHINESE  # decoding each token alone garbles it (TensorRT-LLM backend issue #332)
+
+    chunker = CompleteTextChunker(tokenizer)
+    chunks = [chunker.push([t]) for t in ids] + [chunker.flush()]
+    texts = [tokenizer.decode(chunk) for chunk in chunks if chunk]
+    assert "".join(texts) == CHINESE
+    assert not any(REPLACEMENT_CHAR in text for text in texts)
+    assert sum(len(chunk) for chunk in chunks) == len(ids)
+
+
+def test_undecodable_bytes_are_released_at_the_end(tokenizer):
+    lone_lead_byte = [t for t in range(tokenizer.vocab_size) if tokenizer.decode([t]) == REPLACEMENT_CHAR][0]
+    chunker = CompleteTextChunker(tokenizer)
+    assert chunker.push([lone_lead_byte]) == []
+    assert chunker.flush() == [lone_lead_byte]
+
+
+def test_demo_model_is_deterministic_and_matches_transformers(demo_model_dir, tmp_path):
+    from make_demo_model import build_demo_model
+    from transformers import Glm4ForCausalLM
+
+    again = build_demo_model(str(tmp_path / "again"))
+    for name in sorted(os.listdir(demo_model_dir)):
+        assert filecmp.cmp(os.path.join(demo_model_dir, name), os.path.join(again, name), shallow=False), name
+
+    prompt = GlmTokenizer(demo_model_dir).encode("用中文讲一个故事")
+    engine = LLMEngine(EngineConfig(model_dir=demo_model_dir, num_kv_blocks=32))
+    ours = engine.generate([prompt], SamplingParams(max_tokens=20, stop_token_ids=()))[0]
+    model = Glm4ForCausalLM.from_pretrained(demo_model_dir).eval()
+    reference = model.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False,
+                               eos_token_id=None)[0, len(prompt):].tolist()
+    assert ours == reference
