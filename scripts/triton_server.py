@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Start the real `tritonserver` (shipped inside the PyPI package nvidia-pytriton) on this repository's models.
 
-Used by scripts/serve.sh and by the integration tests, so both run the server the same way:
+Used by scripts/serve.sh, the integration tests and docker-compose.yml, so all run the server the same way:
 
     python scripts/triton_server.py [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002] [--model-dir DIR]
 
@@ -87,10 +87,12 @@ class TritonServer:
     """A running tritonserver process group; a context manager that always stops it."""
 
     def __init__(self, http_port=8000, grpc_port=8001, metrics_port=8002, model_dir=None,
-                 model_repository=MODEL_REPOSITORY, log_path=None, extra_env=None):
+                 model_repository=MODEL_REPOSITORY, log_path=None, extra_env=None, installed_server=None):
         self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
         self.model_dir, self.model_repository, self.log_path = model_dir, model_repository, log_path
         self.extra_env = extra_env or {}
+        # (binary, backend directory) of an installed Triton (the NGC image); None: the one in nvidia-pytriton.
+        self.installed_server = installed_server
         self.process: subprocess.Popen | None = None
 
     @property
@@ -102,13 +104,17 @@ class TritonServer:
         return f"localhost:{self.grpc_port}"
 
     def start(self) -> "TritonServer":
-        backend_dir = prepare_backend_dir()
-        command = [os.path.join(pytriton_root(), "bin", "tritonserver"),
-                   *server_args(self.http_port, self.grpc_port, self.metrics_port, self.model_repository,
-                                backend_dir)]
+        if self.installed_server:
+            binary, backend_dir = self.installed_server
+            env = dict(os.environ, **({"GLM_MODEL_DIR": os.path.abspath(self.model_dir)} if self.model_dir else {}))
+        else:
+            binary, backend_dir = os.path.join(pytriton_root(), "bin", "tritonserver"), prepare_backend_dir()
+            env = server_env(self.model_dir)
+        command = [binary, *server_args(self.http_port, self.grpc_port, self.metrics_port, self.model_repository,
+                                        backend_dir)]
         output = open(self.log_path, "w") if self.log_path else None
         # A session of its own, so stopping it also stops the Python stub processes it started.
-        self.process = subprocess.Popen(command, env={**server_env(self.model_dir), **self.extra_env},
+        self.process = subprocess.Popen(command, env={**env, **self.extra_env},
                                         stdout=output, stderr=subprocess.STDOUT if output else None,
                                         start_new_session=True)
         return self
@@ -161,18 +167,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-dir", default=os.environ.get("GLM_MODEL_DIR"),
                         help="GLM checkpoint to serve (default: model_dir in the models' config.pbtxt)")
     parser.add_argument("--model-repository", default=MODEL_REPOSITORY)
+    parser.add_argument("--installed-triton", metavar="DIR",
+                        help="use an installed Triton (e.g. /opt/tritonserver in the NGC image) instead of the one in "
+                             "nvidia-pytriton; its backends/ folder must hold python_glm")
     args = parser.parse_args(argv)
 
-    server = TritonServer(args.http_port, args.grpc_port, args.metrics_port, args.model_dir, args.model_repository)
+    installed = None
+    if args.installed_triton:
+        installed = (os.path.join(args.installed_triton, "bin", "tritonserver"),
+                     os.path.join(args.installed_triton, "backends"))
+    server = TritonServer(args.http_port, args.grpc_port, args.metrics_port, args.model_dir, args.model_repository,
+                          installed_server=installed)
     stop_requested = []
-    signal.signal(signal.SIGTERM, lambda *_: stop_requested.append(True))
+    # Explicit handlers: a launcher started in the background inherits SIGINT as ignored, and Ctrl-C must work.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop_requested.append(True))
     print(f"[serve] starting tritonserver (HTTP {args.http_port}, gRPC {args.grpc_port}, "
           f"metrics {args.metrics_port})...", flush=True)
     started = time.monotonic()
     server.start()
     try:
-        server.wait_ready()
-        print(f"""
+        while not (stop_requested or server.is_ready()):
+            if server.process.poll() is not None:
+                print(f"[serve] tritonserver exited with code {server.process.returncode} before it was ready; "
+                      "its log is above", file=sys.stderr, flush=True)
+                return 1
+            time.sleep(0.5)
+        if not stop_requested:
+            print(f"""
 [serve] ready in {time.monotonic() - started:.0f}s. Try:
   curl -s -X POST localhost:{args.http_port}/v2/models/ensemble/generate \\
        -d '{{"text_input": "Hello, GLM", "max_tokens": 32}}'
@@ -182,8 +204,6 @@ def main(argv: list[str] | None = None) -> int:
 [serve] Ctrl-C stops the server.""", flush=True)
         while not stop_requested and server.process.poll() is None:
             time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
     finally:
         print("\n[serve] stopping tritonserver...", flush=True)
         server.stop()
