@@ -72,3 +72,23 @@ def test_abort_and_a_raising_callback_leave_others_running(engine_thread):
 def test_invalid_requests_raise_on_the_callers_thread(engine_thread):
     with pytest.raises(ValueError, match="top_p"):
         engine_thread.submit("bad", [5], SamplingParams(top_p=2.0), Collector())
+
+
+def test_an_engine_fault_fails_the_requests_in_flight_and_the_loop_goes_on(engine_thread):
+    engine = engine_thread.engine
+    schedule = engine.scheduler.schedule
+
+    def broken_schedule():
+        engine.scheduler.schedule = schedule  # fails once
+        raise RuntimeError("scheduler bug")
+
+    engine.scheduler.schedule = broken_schedule
+    victim = Collector()
+    engine_thread.submit("victim", [5, 6], SamplingParams(max_tokens=5, stop_token_ids=()), victim)
+    assert victim.done.wait(30)
+    assert victim.outputs[-1].finish_reason is FinishReason.ERROR and "scheduler bug" in victim.outputs[-1].error
+    assert engine.pool.num_free_blocks == engine.pool.num_blocks
+
+    after = Collector()
+    engine_thread.submit("after", [5, 6], SamplingParams(max_tokens=5, stop_token_ids=()), after)
+    assert after.done.wait(30) and len(after.tokens) == 5

@@ -108,6 +108,10 @@ class LLMEngine:
             outputs.append(self._append_token(seq, token))
         return outputs
 
+    def fail_all(self, message: str) -> list[RequestOutput]:
+        """End every live request with an error and free its blocks (after an unexpected engine fault)."""
+        return [self._fail(seq, message) for seq in list(self.sequences.values())]
+
     def _append_token(self, seq: Sequence, token: int) -> RequestOutput:
         if token in seq.stop_token_ids:
             return self._finish(seq, FinishReason.STOP, [])

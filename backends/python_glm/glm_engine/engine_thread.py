@@ -49,7 +49,12 @@ class EngineThread:
             while not self._inbox.empty():
                 self._handle(self._inbox.get())
             while self.engine.has_unfinished_requests() and not self._stopping:
-                for output in self.engine.step():
+                try:
+                    outputs = self.engine.step()
+                except Exception as exc:  # a bug must fail the requests in flight, not hang them and all later ones
+                    log.exception("engine step failed unexpectedly")
+                    outputs = self.engine.fail_all(f"engine failure: {exc}")
+                for output in outputs:
                     self._deliver(output)
                 while not self._inbox.empty():
                     self._handle(self._inbox.get())
