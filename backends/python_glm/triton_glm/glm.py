@@ -80,13 +80,14 @@ class ResponseStream:
 
     def on_output(self, output: RequestOutput) -> bool:
         """Called on the engine thread; returning False asks the engine to abort the request."""
-        if output.finish_reason is FinishReason.CANCELLED:
-            self.sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-            return False
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         if output.error:
-            self.sender.send(error_response(output.error, internal=True), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            self.sender.send(error_response(output.error, internal=True), flags=final)
             return False
-        if self.sender.is_cancelled():
+        if output.finish_reason is FinishReason.CANCELLED or self.sender.is_cancelled():
+            # Close the stream now if this was its last output; otherwise the abort brings a CANCELLED one.
+            if output.finished:
+                self.sender.send(flags=final)
             return False
         if self.streaming:
             ready = self.chunker.push(output.new_token_ids)
