@@ -13,8 +13,9 @@ from glm_engine.block_pool import BlockPool
 from glm_engine.sequence import Sequence
 
 
-def sequence(request_id="s", tokens=1):
-    return Sequence(request_id, [5] * tokens, tokens, SamplingParams(), frozenset(), seed=0)
+def sequence(request_id="s", tokens=1, token_ids=None):
+    token_ids = token_ids or [5] * tokens
+    return Sequence(request_id, token_ids, len(token_ids), SamplingParams(), frozenset(), seed=0)
 
 
 def test_allocate_grows_block_table_by_whole_blocks():
@@ -49,7 +50,44 @@ def test_free_returns_the_tail_first():
     pool.allocate(seq, 3)
     held = list(seq.block_table)
     pool.free(seq)
-    assert list(pool.free_block_ids) == held[::-1]
+    assert list(pool.free_blocks) == held[::-1]
+
+
+def test_prefix_blocks_are_shared_and_stay_cached_until_needed():
+    pool = BlockPool(num_blocks=6, block_size=2)
+    first = sequence("first", token_ids=[1, 2, 3, 4, 5])
+    pool.allocate(first, 5)
+    first.num_computed_tokens = 5
+    pool.cache_full_blocks(first)
+    assert len(pool.cached) == 2  # [1, 2] and [1, 2][3, 4]; the last block is not full
+
+    second = sequence("second", token_ids=[1, 2, 3, 4, 9, 9])
+    assert pool.reuse_cached_prefix(second) == 4
+    assert second.block_table == first.block_table[:2]
+    assert [pool.ref_counts[b] for b in second.block_table] == [2, 2]
+    pool.check_invariants([first, second])
+
+    pool.free(first)
+    pool.free(second)
+    assert pool.num_free_blocks == 6 and len(pool.cached) == 2  # freed, still findable
+    third = sequence("third", token_ids=[1, 2, 3, 4, 7])
+    assert pool.reuse_cached_prefix(third) == 4
+    pool.free(third)
+
+    hog = sequence("hog", tokens=12)
+    pool.allocate(hog, 12)  # needs every block: the cached ones are evicted
+    assert pool.cached == {}
+    pool.check_invariants([hog])
+
+
+def test_a_hit_always_leaves_the_last_prompt_token_to_compute():
+    pool = BlockPool(num_blocks=4, block_size=2)
+    first = sequence("first", token_ids=[1, 2, 3, 4])
+    pool.allocate(first, 4)
+    first.num_computed_tokens = 4
+    pool.cache_full_blocks(first)
+    same = sequence("same", token_ids=[1, 2, 3, 4])
+    assert pool.reuse_cached_prefix(same) == 2  # not 4: the last token's logits are needed
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +98,8 @@ def glm4_dir(tmp_path_factory):
 
 
 request_strategy = st.tuples(
-    st.integers(1, 40),  # prompt length
+    st.integers(0, 24),  # length of a prefix shared with other requests
+    st.integers(1, 24),  # length of the request's own tokens after it
     st.integers(1, 20),  # max_tokens
     st.integers(0, 12),  # arrival step
     st.one_of(st.none(), st.integers(0, 15)),  # abort at step, if any
@@ -76,17 +115,19 @@ def test_randomized_schedule_keeps_invariants_and_frees_everything(glm4_dir, req
     generator = torch.Generator().manual_seed(len(requests))
     finished = {}
     step = 0
-    pending = sorted(enumerate(requests), key=lambda item: item[1][2])
+    shared_prefix = torch.randint(3, 512, (24,), generator=generator).tolist()
+    pending = sorted(enumerate(requests), key=lambda item: item[1][3])
     while pending or engine.has_unfinished_requests():
-        while pending and pending[0][1][2] <= step:
-            index, (prompt_len, max_tokens, _, _) = pending.pop(0)
-            prompt = torch.randint(3, 512, (prompt_len,), generator=generator).tolist()
+        while pending and pending[0][1][3] <= step:
+            index, (shared_len, own_len, max_tokens, _, _) = pending.pop(0)
+            own = torch.randint(3, 512, (own_len,), generator=generator).tolist()
+            prompt = shared_prefix[:shared_len] + own
             try:
                 engine.add_request(f"r{index}", prompt, SamplingParams(max_tokens=max_tokens, temperature=0.8,
                                                                        seed=index))
             except ValueError:  # can never fit this pool: rejected up front
                 finished[f"r{index}"] = FinishReason.ERROR
-        for index, (_, _, _, abort_at) in enumerate(requests):
+        for index, (*_, abort_at) in enumerate(requests):
             if abort_at == step and (output := engine.abort_request(f"r{index}")) is not None:
                 finished[output.request_id] = output.finish_reason
         for output in engine.step():

@@ -113,15 +113,60 @@ def test_chunked_prefill_under_a_small_token_budget(tiny_model):
     assert_matches_reference(model, requests, outputs)
 
 
-def test_preemption_recomputes_and_changes_nothing(tiny_model):
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_preemption_recomputes_and_changes_nothing(tiny_model, prefix_caching):
     model_dir, model = tiny_model
     requests = {f"q{i}": p for i, p in enumerate(prompts((10, 14, 9, 12), seed=4))}
     # 4 sequences growing to ~35 tokens need ~20 blocks of 8; 12 forces the newest ones out and back.
-    engine = make_engine(model_dir, num_kv_blocks=12)
+    engine = make_engine(model_dir, num_kv_blocks=12, enable_prefix_caching=prefix_caching)
     outputs = run_all(engine, requests)
     assert engine.scheduler.num_preemptions > 0
     assert_matches_reference(model, requests, outputs)
     assert engine.pool.num_free_blocks == engine.pool.num_blocks
+
+
+def count_computed_tokens(engine: LLMEngine) -> dict[str, int]:
+    """Wrap the runner so the tokens each request actually computes are counted."""
+    computed = defaultdict(int)
+    execute = engine.runner.execute
+
+    def counting_execute(batch):
+        for item in batch:
+            computed[item.seq.request_id] += item.num_new_tokens
+        return execute(batch)
+
+    engine.runner.execute = counting_execute
+    return computed
+
+
+def test_prefix_reuse_skips_the_cached_prefill_and_changes_nothing(tiny_model):
+    model_dir, model = tiny_model
+    shared = prompts((40,), seed=7)[0]
+    engine = make_engine(model_dir)
+    computed = count_computed_tokens(engine)
+    first = {"first": shared}
+    outputs = run_all(engine, first)
+    # Later requests: the same prompt, and the first 35 tokens plus their own.
+    later = {"same": shared, "extended": shared[:35] + prompts((6,), seed=8)[0]}
+    outputs |= run_all(engine, later)
+    assert_matches_reference(model, {**first, **later}, outputs)
+    # 40 tokens in blocks of 8: 4 full blocks (32 tokens) are reused, whatever follows them is computed.
+    assert engine.scheduler.prefix_hit_tokens == 64
+    assert computed["first"] == 40 + 23  # the prompt, then one token per decode step
+    assert computed["same"] == 8 + 23 and computed["extended"] == 9 + 23
+    assert engine.pool.num_free_blocks == engine.pool.num_blocks
+
+
+def test_a_hash_collision_is_caught_by_comparing_tokens(tiny_model, monkeypatch):
+    from glm_engine import block_pool
+
+    model_dir, model = tiny_model
+    monkeypatch.setattr(block_pool, "chain_hash", lambda previous, tokens: 0)  # every block collides
+    engine = make_engine(model_dir)
+    requests = {f"h{i}": p for i, p in enumerate(prompts((20, 20, 17), seed=9))}
+    outputs = run_all(engine, dict(list(requests.items())[:1]))
+    outputs |= run_all(engine, dict(list(requests.items())[1:]))
+    assert_matches_reference(model, requests, outputs)
 
 
 @pytest.mark.parametrize("block_size", [1, 16])

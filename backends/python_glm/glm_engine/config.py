@@ -117,6 +117,8 @@ class EngineConfig:
     # Most sequences in one batch, and most tokens (prefill and decode together) in one step.
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
+    # Reuse the KV blocks of prompt prefixes seen before (shared system prompts cost one prefill).
+    enable_prefix_caching: bool = True
     # Longest prompt plus output; 0 means the checkpoint's max_position_embeddings.
     max_model_len: int = 0
     # max_tokens of a request that does not say.
@@ -134,7 +136,7 @@ class EngineConfig:
         for key, text in parameters.items():
             if key not in known:
                 raise ValueError(f"unknown engine parameter {key!r}; known: {', '.join(sorted(known))}")
-            kind = {"int": int, "float": float, "str": str}[known[key].type]
+            kind = {"int": int, "float": float, "str": str, "bool": _parse_bool}[known[key].type]
             try:
                 values[key] = kind(text)
             except ValueError:
@@ -155,3 +157,12 @@ class EngineConfig:
             raise ValueError(f"gpu_memory_utilization must lie in (0, 1], got {self.gpu_memory_utilization}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(text)

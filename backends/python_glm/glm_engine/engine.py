@@ -35,7 +35,7 @@ class LLMEngine:
         self.config = config
         self.model_config = ModelConfig.from_checkpoint(config.model_dir)
         self.runner = ModelRunner(self.model_config, config)
-        self.pool = BlockPool(self.runner.num_blocks, config.block_size)
+        self.pool = BlockPool(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.pool, config.max_num_seqs, config.max_num_batched_tokens)
         self.max_model_len = min(config.max_model_len or self.model_config.max_position_embeddings,
                                  self.model_config.max_position_embeddings)
@@ -103,6 +103,7 @@ class LLMEngine:
         sampling = [item.seq for item in batch if item.samples]
         for item in batch:
             item.seq.num_computed_tokens += item.num_new_tokens
+            self.pool.cache_full_blocks(item.seq)
         outputs = []
         for seq, token in zip(sampling, sample(logits, sampling)):
             outputs.append(self._append_token(seq, token))

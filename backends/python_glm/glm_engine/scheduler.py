@@ -35,6 +35,9 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # oldest first
         self.num_preemptions = 0
+        # Prompt tokens looked up in the prefix cache at admission, and how many of them were found there.
+        self.prefix_queried_tokens = 0
+        self.prefix_hit_tokens = 0
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -70,9 +73,14 @@ class Scheduler:
         # Then waiting ones, first come first served, unless this step already had to preempt.
         while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            hit = self.pool.reuse_cached_prefix(seq)
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if not self.pool.can_allocate(seq, seq.num_computed_tokens + num_new):
+                self.pool.free(seq)  # give the cached blocks back; they stay cached
+                seq.num_computed_tokens = 0
                 break
+            self.prefix_queried_tokens += seq.num_tokens
+            self.prefix_hit_tokens += hit
             self.waiting.popleft()
             self.pool.allocate(seq, seq.num_computed_tokens + num_new)
             seq.status = SequenceStatus.RUNNING

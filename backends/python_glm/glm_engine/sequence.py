@@ -66,6 +66,8 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
+    # Chained hashes of the full blocks at the head of block_table that are registered for prefix reuse.
+    block_hashes: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     generator: torch.Generator | None = None  # made by the sampler, on the logits' device
 
