@@ -29,6 +29,21 @@ class RequestOutput:
     error: str | None = None
 
 
+@dataclass
+class EngineStats:
+    """A snapshot for metrics: gauges as they are now, counters since the engine started."""
+
+    kv_blocks_used: int
+    kv_blocks_total: int
+    running: int
+    waiting: int
+    preemptions: int
+    prefix_queried_tokens: int
+    prefix_hit_tokens: int
+    prompt_tokens: int
+    generated_tokens: int
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         config.validate()
@@ -41,6 +56,8 @@ class LLMEngine:
                                  self.model_config.max_position_embeddings)
         self.sequences: dict[str, Sequence] = {}
         self._seed_source = random.Random(config.seed)
+        self.num_prompt_tokens = 0
+        self.num_generated_tokens = 0
 
     # -- requests -------------------------------------------------------------------------------------------
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
@@ -77,6 +94,7 @@ class LLMEngine:
         )
         self.sequences[request_id] = seq
         self.scheduler.add(seq)
+        self.num_prompt_tokens += seq.num_prompt_tokens
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Stop a request now and free its blocks; None if it is unknown or already over."""
@@ -114,6 +132,7 @@ class LLMEngine:
         return [self._fail(seq, message) for seq in list(self.sequences.values())]
 
     def _append_token(self, seq: Sequence, token: int) -> RequestOutput:
+        self.num_generated_tokens += 1
         if token in seq.stop_token_ids:
             return self._finish(seq, FinishReason.STOP, [])
         seq.token_ids.append(token)
@@ -140,6 +159,19 @@ class LLMEngine:
             finish_reason=seq.finish_reason,
             num_prompt_tokens=seq.num_prompt_tokens,
             num_output_tokens=seq.num_output_tokens,
+        )
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            kv_blocks_used=self.pool.num_used_blocks,
+            kv_blocks_total=self.pool.num_blocks,
+            running=len(self.scheduler.running),
+            waiting=len(self.scheduler.waiting),
+            preemptions=self.scheduler.num_preemptions,
+            prefix_queried_tokens=self.scheduler.prefix_queried_tokens,
+            prefix_hit_tokens=self.scheduler.prefix_hit_tokens,
+            prompt_tokens=self.num_prompt_tokens,
+            generated_tokens=self.num_generated_tokens,
         )
 
     # -- offline use ----------------------------------------------------------------------------------------

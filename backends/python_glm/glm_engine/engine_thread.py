@@ -20,8 +20,10 @@ OutputCallback = Callable[[RequestOutput], bool]
 
 
 class EngineThread:
-    def __init__(self, engine: LLMEngine):
+    def __init__(self, engine: LLMEngine, on_step: Callable[[], None] | None = None):
+        """`on_step` runs on the engine thread after every step and whenever the engine falls idle (metrics)."""
         self.engine = engine
+        self._on_step = on_step
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._callbacks: dict[str, OutputCallback] = {}
         self._stopping = False
@@ -58,6 +60,8 @@ class EngineThread:
                     self._deliver(output)
                 while not self._inbox.empty():
                     self._handle(self._inbox.get())
+                self._notify_step()
+            self._notify_step()
         for request_id in list(self._callbacks):
             self._abort(request_id)
 
@@ -88,6 +92,13 @@ class EngineThread:
             del self._callbacks[output.request_id]
         if not self._call(callback, output) and not output.finished:
             self._abort(output.request_id)
+
+    def _notify_step(self) -> None:
+        if self._on_step is not None:
+            try:
+                self._on_step()
+            except Exception:
+                log.exception("on_step hook failed")
 
     @staticmethod
     def _call(callback: OutputCallback, output: RequestOutput) -> bool:

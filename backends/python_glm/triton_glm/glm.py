@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -13,6 +14,7 @@ from glm_engine import EngineConfig, EngineThread, FinishReason, LLMEngine, Requ
 from glm_engine.tokenizer import CompleteTextChunker, GlmTokenizer
 
 from .common import InputError, error_response, optional_scalar, required_array, resolve_model_dir
+from .metrics import EngineMetrics
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +25,8 @@ class GlmEngineModel:
         self.config = EngineConfig.from_parameters({**parameters, "model_dir": model_dir})
         self.engine = LLMEngine(self.config)
         self.tokenizer = GlmTokenizer(model_dir)
-        self.engine_thread = EngineThread(self.engine)
+        self.metrics = EngineMetrics(args["model_name"], args["model_version"])
+        self.engine_thread = EngineThread(self.engine, on_step=lambda: self.metrics.update(self.engine.stats()))
         self._request_ids = itertools.count()
         log.info("glm engine ready: %s, max_model_len %d", model_dir, self.engine.max_model_len)
 
@@ -33,7 +36,7 @@ class GlmEngineModel:
             try:
                 prompt, params, streaming, echo_prompt = self._parse(request)
                 stream = ResponseStream(sender, streaming, prompt if echo_prompt else [],
-                                        CompleteTextChunker(self.tokenizer))
+                                        CompleteTextChunker(self.tokenizer), self.metrics)
                 self.engine_thread.submit(f"r{next(self._request_ids)}", prompt, params, stream.on_output)
             except ValueError as exc:  # InputError, or the engine's own checks
                 sender.send(error_response(str(exc)), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -72,14 +75,19 @@ class ResponseStream:
     """One request's responses. Streaming: a response whenever new tokens complete some text; otherwise one
     response with everything at the end. The last response carries the final flag."""
 
-    def __init__(self, sender, streaming: bool, prompt_echo: list[int], chunker: CompleteTextChunker):
+    def __init__(self, sender, streaming: bool, prompt_echo: list[int], chunker: CompleteTextChunker,
+                 metrics: EngineMetrics | None = None):
         self.sender = sender
         self.streaming = streaming
         self.collected = list(prompt_echo)
         self.chunker = chunker
+        self.metrics = metrics
+        self.arrival = self.last_token_time = time.monotonic()
+        self.num_tokens = 0
 
     def on_output(self, output: RequestOutput) -> bool:
         """Called on the engine thread; returning False asks the engine to abort the request."""
+        self._observe(output)
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         if output.error:
             self.sender.send(error_response(output.error, internal=True), flags=final)
@@ -100,6 +108,19 @@ class ResponseStream:
             if output.finished:
                 self._send(self.collected, True)
         return True
+
+    def _observe(self, output: RequestOutput) -> None:
+        if self.metrics is None:
+            return
+        now = time.monotonic()
+        if output.new_token_ids:
+            self.metrics.observe("itl" if self.num_tokens else "ttft", now - self.last_token_time)
+            self.num_tokens += len(output.new_token_ids)
+            self.last_token_time = now
+        if output.finished:
+            self.metrics.observe("latency", now - self.arrival)
+            reason = output.finish_reason or FinishReason.ERROR
+            self.metrics.finish(reason.value)
 
     def _send(self, token_ids: list[int], final: bool) -> None:
         ids = np.array(token_ids, dtype=np.int32).reshape(1, 1, -1)

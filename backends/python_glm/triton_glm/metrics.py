@@ -1,0 +1,72 @@
+"""The engine's Prometheus metrics, published on Triton's metrics port through the Python backend's metrics API.
+
+Gauges and counters follow the engine's own numbers (EngineStats) after every step; latency histograms are
+observed per request by the glm adapter's response streams. All of it happens on the engine thread.
+"""
+
+from __future__ import annotations
+
+import triton_python_backend_utils as pb_utils
+
+from glm_engine.engine import EngineStats
+
+LATENCY_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
+GAUGES = {
+    "kv_blocks_used": ("glm_kv_blocks_used", "KV cache blocks held by requests"),
+    "kv_blocks_total": ("glm_kv_blocks_total", "KV cache blocks in the pool"),
+    "running": ("glm_num_requests_running", "Requests in the running batch"),
+    "waiting": ("glm_num_requests_waiting", "Requests waiting to join the batch"),
+}
+COUNTERS = {
+    "preemptions": ("glm_preemptions_total", "Sequences preempted for lack of KV blocks (recomputed later)"),
+    "prefix_queried_tokens": ("glm_prefix_cache_queried_tokens_total", "Prompt tokens looked up in the prefix cache"),
+    "prefix_hit_tokens": ("glm_prefix_cache_hit_tokens_total", "Prompt tokens found in the prefix cache"),
+    "prompt_tokens": ("glm_prompt_tokens_total", "Prompt tokens of accepted requests"),
+    "generated_tokens": ("glm_generation_tokens_total", "Tokens generated"),
+}
+HISTOGRAMS = {
+    "ttft": ("glm_time_to_first_token_seconds", "From request arrival to its first generated token"),
+    "itl": ("glm_inter_token_latency_seconds", "Between consecutive generated tokens of a request"),
+    "latency": ("glm_request_latency_seconds", "From request arrival to its last response"),
+}
+FINISH_REASONS = ("stop", "length", "cancelled", "error")
+
+
+class EngineMetrics:
+    def __init__(self, model_name: str, model_version: str):
+        labels = {"model": model_name, "version": model_version}
+        M = pb_utils.MetricFamily
+        # Families must outlive their metrics: keep both.
+        self._families = []
+
+        def family(name, description, kind):
+            self._families.append(M(name=name, description=description, kind=kind))
+            return self._families[-1]
+
+        self.gauges = {key: family(name, text, M.GAUGE).Metric(labels=labels) for key, (name, text) in GAUGES.items()}
+        self.counters = {key: family(name, text, M.COUNTER).Metric(labels=labels)
+                         for key, (name, text) in COUNTERS.items()}
+        self.hit_rate = family("glm_prefix_cache_hit_rate", "Prefix-cache hit tokens over queried tokens",
+                               M.GAUGE).Metric(labels=labels)
+        finished = family("glm_requests_finished_total", "Requests ended, by finish reason", M.COUNTER)
+        self.finished = {reason: finished.Metric(labels={**labels, "finish_reason": reason})
+                         for reason in FINISH_REASONS}
+        self.histograms = {key: family(name, text, M.HISTOGRAM).Metric(labels=labels, buckets=LATENCY_BUCKETS)
+                           for key, (name, text) in HISTOGRAMS.items()}
+        self._last = {key: 0 for key in COUNTERS}
+
+    def update(self, stats: EngineStats) -> None:
+        for key, metric in self.gauges.items():
+            metric.set(getattr(stats, key))
+        for key, metric in self.counters.items():
+            value = getattr(stats, key)
+            metric.increment(value - self._last[key])
+            self._last[key] = value
+        if stats.prefix_queried_tokens:
+            self.hit_rate.set(stats.prefix_hit_tokens / stats.prefix_queried_tokens)
+
+    def observe(self, histogram: str, seconds: float) -> None:
+        self.histograms[histogram].observe(seconds)
+
+    def finish(self, reason: str) -> None:
+        self.finished[reason].increment(1)
