@@ -92,7 +92,9 @@ def random_weights(config: dict, seed: int, std: float) -> dict[str, torch.Tenso
     return weights
 
 
-def build_demo_model(out_dir: str, seed: int = 0, vocab_size: int = 8192, init_std: float = 0.05) -> str:
+def build_demo_model(out_dir: str, seed: int = 0, vocab_size: int = 8192, init_std: float = 0.05,
+                     architecture: dict | None = None) -> str:
+    """Write the checkpoint to `out_dir`; `architecture` overrides ARCHITECTURE's sizes (the benchmark's model)."""
     started = time.time()
     os.makedirs(out_dir, exist_ok=True)
     print(f"[demo model] training a {vocab_size}-token byte-level BPE tokenizer on local text...", flush=True)
@@ -103,7 +105,7 @@ def build_demo_model(out_dir: str, seed: int = 0, vocab_size: int = 8192, init_s
 
     config = {
         "architectures": ["Glm4ForCausalLM"], "model_type": "glm4", "vocab_size": tokenizer.get_vocab_size(),
-        **ARCHITECTURE, "hidden_act": "silu", "attention_bias": True, "attention_dropout": 0.0,
+        **ARCHITECTURE, **(architecture or {}), "hidden_act": "silu", "attention_bias": True, "attention_dropout": 0.0,
         "rms_norm_eps": 1.5625e-07, "initializer_range": init_std, "tie_word_embeddings": False,
         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
         "pad_token_id": tid("<|endoftext|>"), "eos_token_id": eos_ids, "dtype": "float32",

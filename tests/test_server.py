@@ -47,6 +47,7 @@ def generate_stream(server, **body) -> list[str]:
 
 def ensemble_inputs(module, prompt: str, **params):
     types = {"max_tokens": ("INT32", np.int32), "stream": ("BOOL", bool), "exclude_input_in_output": ("BOOL", bool),
+             "end_id": ("INT32", np.int32), "ignore_eos": ("BOOL", bool),
              "temperature": ("FP32", np.float32), "top_k": ("INT32", np.int32), "top_p": ("FP32", np.float32),
              "seed": ("UINT64", np.uint64)}
     text = module.InferInput("text_input", [1, 1], "BYTES")
@@ -166,6 +167,40 @@ def test_streamed_chinese_equals_the_whole_answer(triton_server):
     assert any("\u4e00" <= char <= "\u9fff" for answer in answers for char in answer)
 
 
+def glm_inputs(demo_model_dir, prompt: str, max_tokens: int, streaming: bool):
+    """Inputs of the glm model itself: token ids, as preprocessing would make them."""
+    from glm_engine.tokenizer import GlmTokenizer
+
+    ids = np.array([GlmTokenizer(demo_model_dir).encode(prompt)], dtype=np.int32)
+    tensors = {"input_ids": (ids, "INT32"), "input_lengths": (np.array([[ids.shape[1]]], np.int32), "INT32"),
+               "request_output_len": (np.array([[max_tokens]], np.int32), "INT32"),
+               "streaming": (np.array([[streaming]]), "BOOL"), "exclude_input_in_output": (np.array([[True]]), "BOOL")}
+    inputs = []
+    for name, (array, datatype) in tensors.items():
+        inputs.append(grpcclient.InferInput(name, list(array.shape), datatype))
+        inputs[-1].set_data_from_numpy(array)
+    return inputs
+
+
+def test_end_id_stops_and_ignore_eos_overrides_it(triton_server, demo_model_dir):
+    results: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(triton_server.grpc_url)
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    client.async_stream_infer("glm", glm_inputs(demo_model_dir, "Stop me", 12, streaming=False))
+    result, error = results.get(timeout=60)
+    client.stop_stream()
+    assert error is None
+    first_token = int(result.as_numpy("output_ids").reshape(-1)[0])
+
+    answer = generate_text(triton_server, "Stop me", max_tokens=12)
+    assert generate_text(triton_server, "Stop me", max_tokens=12, end_id=first_token) == ""
+    assert generate_text(triton_server, "Stop me", max_tokens=12, end_id=first_token, ignore_eos=True) == answer
+    client = httpclient.InferenceServerClient(triton_server.http_url)
+    result = client.infer("bls", ensemble_inputs(httpclient, "Stop me", max_tokens=12, end_id=first_token,
+                                                 exclude_input_in_output=True))
+    assert result.as_numpy("text_output").reshape(-1)[0].decode() == ""
+
+
 # -- bad input: a clear error, and the server goes on ----------------------------------------------------------------
 @pytest.mark.parametrize("body, expected", [
     ({"text_input": "", "max_tokens": 8}, "'text_input' is empty"),
@@ -272,16 +307,7 @@ def test_a_shared_prompt_prefix_is_reused(triton_server):
 
 
 def test_a_cancelled_glm_stream_frees_its_blocks_within_a_step(triton_server, demo_model_dir):
-    from glm_engine.tokenizer import GlmTokenizer
-
-    prompt = np.array([GlmTokenizer(demo_model_dir).encode("a long story")], dtype=np.int32)
-    tensors = {"input_ids": (prompt, "INT32"), "input_lengths": (np.array([[prompt.shape[1]]], np.int32), "INT32"),
-               "request_output_len": (np.array([[2000]], np.int32), "INT32"), "streaming": (np.array([[True]]), "BOOL")}
-    inputs = []
-    for name, (array, datatype) in tensors.items():
-        inputs.append(grpcclient.InferInput(name, list(array.shape), datatype))
-        inputs[-1].set_data_from_numpy(array)
-
+    inputs = glm_inputs(demo_model_dir, "a long story", 2000, streaming=True)
     cancelled_before = metric(metrics(triton_server), "glm_requests_finished_total", finish_reason="cancelled")
     results: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(triton_server.grpc_url)

@@ -52,13 +52,17 @@ class GlmEngineModel:
             raise InputError(f"input_lengths must lie in [1, {ids.shape[1]}], got {length}: the prompt is empty "
                              "or shorter than stated")
         end_id = optional_scalar(request, "end_id", None, int)
+        if optional_scalar(request, "ignore_eos", False, bool):
+            stop_token_ids = ()
+        else:
+            stop_token_ids = None if end_id is None else (end_id,)
         params = SamplingParams(
             max_tokens=optional_scalar(request, "request_output_len", self.config.default_max_tokens, int),
             temperature=optional_scalar(request, "temperature", 0.0, float),
             top_k=optional_scalar(request, "runtime_top_k", 0, int),
             top_p=optional_scalar(request, "runtime_top_p", 1.0, float),
             seed=optional_scalar(request, "seed", None, int),
-            stop_token_ids=None if end_id is None else (end_id,),
+            stop_token_ids=stop_token_ids,
         )
         # pad_id is accepted for TensorRT-LLM clients; outputs are never padded, so it changes nothing.
         optional_scalar(request, "pad_id", None, int)

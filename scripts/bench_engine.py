@@ -1,0 +1,221 @@
+#!/usr/bin/env python3
+"""Benchmark the engine on a ~30M-parameter GLM-4 it builds, against transformers, offline and through Triton.
+
+    .venv/bin/python scripts/bench_engine.py [--num-requests 32] [--json bench.json] [--skip-server]
+
+(run ./scripts/test.sh once first: it installs transformers, the baseline). It measures, on one fixed, seeded mix
+of prompt lengths (16-512 tokens) and output lengths (16-256), every request running to its own length:
+  - output tokens/s of the engine offline (all requests submitted at once), of transformers' generate()
+    (a) one request at a time and (b) in static left-padded batches of --batch-size, and of the engine through
+    the real tritonserver with one streaming gRPC client per request, all at once;
+  - time to first token and inter-token latency (P50/P99) of the Triton run, as its clients see them;
+  - KV waste at the engine's peak: allocated minus used token slots, over allocated;
+  - the prefix-cache speed-up: time to first token of a request with a 1,000-token prefix, cold and then warm.
+It prints a table and writes JSON. Figures from one run only mean something relative to each other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "backends", "python_glm")]
+
+from glm_engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
+from make_demo_model import build_demo_model  # noqa: E402
+
+BENCH_ARCHITECTURE = dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=8, num_attention_heads=8,
+                          num_key_value_heads=2, head_dim=64)
+
+
+def workload(num_requests: int, vocab: int, seed: int = 0) -> list[tuple[list[int], int]]:
+    """(prompt token ids, output length) pairs; special tokens (ids < 16) are left out of prompts."""
+    rng = np.random.default_rng(seed)
+    return [(rng.integers(16, vocab, int(rng.integers(16, 513))).tolist(), int(rng.integers(16, 257)))
+            for _ in range(num_requests)]
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def bench_engine_offline(model_dir: str, requests) -> dict:
+    engine = LLMEngine(EngineConfig(model_dir=model_dir, max_num_seqs=len(requests), num_kv_blocks=4096))
+    for index, (prompt, length) in enumerate(requests):
+        engine.add_request(f"b{index}", prompt, SamplingParams(max_tokens=length, stop_token_ids=()))
+    peak = {"allocated": 0, "used": 0}
+    started, generated = time.perf_counter(), 0
+    while engine.has_unfinished_requests():
+        generated += sum(len(o.new_token_ids) for o in engine.step())
+        allocated = engine.pool.num_used_blocks * engine.pool.block_size
+        if allocated > peak["allocated"]:
+            used = sum(seq.num_computed_tokens for seq in engine.sequences.values())
+            peak = {"allocated": allocated, "used": used}
+    elapsed = time.perf_counter() - started
+    return {"output_tokens": generated, "seconds": elapsed, "tokens_per_s": generated / elapsed,
+            "kv_waste_at_peak": (peak["allocated"] - peak["used"]) / peak["allocated"],
+            "peak_allocated_slots": peak["allocated"], "peak_used_slots": peak["used"]}
+
+
+@torch.inference_mode()
+def bench_transformers(model_dir: str, requests, batch_size: int) -> dict:
+    """batch_size 1: one request at a time; otherwise static batches, left-padded, run to their longest output."""
+    from transformers import Glm4ForCausalLM
+
+    model = Glm4ForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    useful, started = 0, time.perf_counter()
+    for first in range(0, len(requests), batch_size):
+        batch = requests[first:first + batch_size]
+        width = max(len(p) for p, _ in batch)
+        ids = torch.zeros(len(batch), width, dtype=torch.long)
+        mask = torch.zeros(len(batch), width, dtype=torch.long)
+        for row, (prompt, _) in enumerate(batch):
+            ids[row, width - len(prompt):] = torch.tensor(prompt)
+            mask[row, width - len(prompt):] = 1
+        longest = max(length for _, length in batch)
+        model.generate(ids, attention_mask=mask, max_new_tokens=longest, min_new_tokens=longest, do_sample=False,
+                       eos_token_id=None, pad_token_id=0)
+        useful += sum(length for _, length in batch)  # tokens past a request's own length are waste
+    elapsed = time.perf_counter() - started
+    return {"output_tokens": useful, "seconds": elapsed, "tokens_per_s": useful / elapsed, "batch_size": batch_size}
+
+
+def bench_prefix_cache(model_dir: str, prefix_len: int = 1000) -> dict:
+    engine = LLMEngine(EngineConfig(model_dir=model_dir, num_kv_blocks=1024))
+    rng = np.random.default_rng(1)
+    prefix = rng.integers(16, 8000, prefix_len).tolist()
+
+    def time_to_first_token(request_id: str) -> float:
+        own = rng.integers(16, 8000, 16).tolist()
+        engine.add_request(request_id, prefix + own, SamplingParams(max_tokens=1, stop_token_ids=()))
+        started = time.perf_counter()
+        while engine.has_unfinished_requests():
+            engine.step()
+        return time.perf_counter() - started
+
+    cold, warm = time_to_first_token("cold"), time_to_first_token("warm")
+    return {"prefix_tokens": prefix_len, "ttft_cold_s": cold, "ttft_warm_s": warm, "speedup": cold / warm}
+
+
+def bench_triton(model_dir: str, requests) -> dict:
+    """One gRPC streaming client per request against the glm model, all started at once."""
+    import tritonclient.grpc as grpcclient
+    from triton_server import TritonServer
+
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+    from conftest import free_port
+
+    log_path = os.path.join(tempfile.mkdtemp(), "tritonserver.log")
+    with TritonServer(free_port(), free_port(), free_port(), model_dir=model_dir, log_path=log_path) as server:
+        server.wait_ready()
+        results = [None] * len(requests)
+        barrier = threading.Barrier(len(requests) + 1)
+
+        def client(index: int) -> None:
+            prompt, length = requests[index]
+            tensors = [("input_ids", np.array([prompt], np.int32), "INT32"),
+                       ("input_lengths", np.array([[len(prompt)]], np.int32), "INT32"),
+                       ("request_output_len", np.array([[length]], np.int32), "INT32"),
+                       ("streaming", np.array([[True]]), "BOOL"), ("ignore_eos", np.array([[True]]), "BOOL")]
+            inputs = []
+            for name, array, datatype in tensors:
+                inputs.append(grpcclient.InferInput(name, list(array.shape), datatype))
+                inputs[-1].set_data_from_numpy(array)
+            arrivals: queue.Queue = queue.Queue()
+            connection = grpcclient.InferenceServerClient(server.grpc_url)
+            connection.start_stream(callback=lambda result, error: arrivals.put((time.perf_counter(), result, error)))
+            barrier.wait()
+            sent, times, tokens = time.perf_counter(), [], 0
+            connection.async_stream_infer("glm", inputs, enable_empty_final_response=True)
+            while True:
+                when, result, error = arrivals.get(timeout=600)
+                if error is not None:
+                    raise error
+                response = result.get_response()
+                if response.outputs:
+                    count = int(result.as_numpy("sequence_length").reshape(-1)[0])
+                    tokens += count
+                    times += [when] * max(count, 1)
+                if response.parameters["triton_final_response"].bool_param:
+                    break
+            connection.stop_stream()
+            connection.close()
+            results[index] = (sent, times, tokens)
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(len(requests))]
+        for thread in threads:
+            thread.start()
+        barrier.wait()
+        started = time.perf_counter()
+        for thread in threads:
+            thread.join()
+        elapsed = time.perf_counter() - started
+    ttft = [times[0] - sent for sent, times, _ in results]
+    itl = [later - earlier for _, times, _ in results for earlier, later in zip(times, times[1:])]
+    tokens = sum(count for *_, count in results)
+    return {"clients": len(requests), "output_tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed,
+            "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
+            "itl_p50_s": percentile(itl, 50), "itl_p99_s": percentile(itl, 99)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--num-requests", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, default=32, help="static batch size of baseline (b)")
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--skip-server", action="store_true", help="offline figures only")
+    args = parser.parse_args(argv)
+
+    model_dir = build_demo_model(os.path.join(tempfile.mkdtemp(), "glm-bench"), architecture=BENCH_ARCHITECTURE)
+    requests = workload(args.num_requests, vocab=8192)
+    print(f"[bench] {len(requests)} requests, prompts {min(len(p) for p, _ in requests)}-"
+          f"{max(len(p) for p, _ in requests)} tokens, outputs {min(n for _, n in requests)}-"
+          f"{max(n for _, n in requests)} ({sum(n for _, n in requests)} in all); torch threads "
+          f"{torch.get_num_threads()}", flush=True)
+
+    results = {}
+    for name, run in [("engine_offline", lambda: bench_engine_offline(model_dir, requests)),
+                      ("transformers_one_at_a_time", lambda: bench_transformers(model_dir, requests, 1)),
+                      ("transformers_static_batches", lambda: bench_transformers(model_dir, requests, args.batch_size)),
+                      ("prefix_cache", lambda: bench_prefix_cache(model_dir)),
+                      *([] if args.skip_server else [("engine_through_triton", lambda: bench_triton(model_dir, requests))])]:
+        print(f"[bench] {name}...", flush=True)
+        results[name] = run()
+        print(f"[bench]   {json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in results[name].items()})}",
+              flush=True)
+
+    one, static = results["transformers_one_at_a_time"]["tokens_per_s"], results["transformers_static_batches"]["tokens_per_s"]
+    print("\n| run | output tokens/s | vs transformers one at a time | vs static batches |\n|---|---|---|---|")
+    for name in ("engine_through_triton", "engine_offline", "transformers_static_batches", "transformers_one_at_a_time"):
+        if name in results:
+            rate = results[name]["tokens_per_s"]
+            print(f"| {name} | {rate:.0f} | {rate / one:.2f}x | {rate / static:.2f}x |")
+    if "engine_through_triton" in results:
+        t = results["engine_through_triton"]
+        print(f"\nThrough Triton ({t['clients']} streams): TTFT P50 {t['ttft_p50_s'] * 1000:.0f} ms, "
+              f"P99 {t['ttft_p99_s'] * 1000:.0f} ms; ITL P50 {t['itl_p50_s'] * 1000:.0f} ms, "
+              f"P99 {t['itl_p99_s'] * 1000:.0f} ms")
+    p = results["prefix_cache"]
+    print(f"KV waste at peak: {results['engine_offline']['kv_waste_at_peak'] * 100:.1f}%")
+    print(f"Prefix cache ({p['prefix_tokens']}-token prefix): TTFT {p['ttft_cold_s'] * 1000:.0f} ms cold, "
+          f"{p['ttft_warm_s'] * 1000:.0f} ms warm, {p['speedup']:.1f}x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"num_requests": len(requests), "torch_threads": torch.get_num_threads(), **results}, f, indent=2)
+        print(f"[bench] wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
