@@ -36,10 +36,12 @@ def paged_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) 
     num_seqs = meta.query_lens.shape[0]
     block_size = k_cache.shape[1]
     num_blocks = -(-meta.max_context_len // block_size)
-    tables = meta.block_tables[:, :num_blocks]
+    tables = meta.block_tables[:, :num_blocks].reshape(-1)
     # Gather each sequence's keys and values in order: [seqs, blocks * block_size, kv_heads, head_dim].
-    keys = k_cache[tables].flatten(1, 2)
-    values = v_cache[tables].flatten(1, 2)
+    # index_select copies whole blocks; advanced indexing (k_cache[tables]) was 4x slower on the CPU.
+    gathered_shape = (num_seqs, num_blocks * block_size, *k_cache.shape[2:])
+    keys = k_cache.index_select(0, tables).view(gathered_shape)
+    values = v_cache.index_select(0, tables).view(gathered_shape)
 
     padded_q = q.new_zeros(num_seqs, meta.max_query_len, *q.shape[1:])
     padded_q[meta.token_seq, meta.token_offset] = q
