@@ -3,7 +3,7 @@
 
     .venv/bin/python scripts/bench_engine.py [--num-requests 32] [--json bench.json] [--skip-server]
 
-(run ./scripts/test.sh once first: it installs transformers, the baseline). It measures, on one fixed, seeded mix
+(run ./scripts/setup_env.sh requirements-test.txt once first: it installs transformers, the baseline). It measures, on one fixed, seeded mix
 of prompt lengths (16-512 tokens) and output lengths (16-256), every request running to its own length:
   - output tokens/s of the engine offline (all requests submitted at once), of transformers' generate()
     (a) one request at a time and (b) in static left-padded batches of --batch-size, and of the engine through
