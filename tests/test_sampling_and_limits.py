@@ -52,6 +52,50 @@ def test_sampler_filters():
     assert seen_top_p == {1, 2}
 
 
+def seq_with(params: SamplingParams, prompt=(1,), output=(), stop=frozenset()) -> Sequence:
+    return Sequence("s", [*prompt, *output], len(prompt), params, frozenset(stop), seed=0)
+
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative_logits():
+    logits = torch.tensor([[4.0, -2.0, 3.0, 1.0]])
+    seq = seq_with(SamplingParams(repetition_penalty=2.0), prompt=(0,), output=(1,))
+    assert sample(logits.clone(), [seq]) == [2]  # token 0 falls from 4 to 2, below token 2's 3
+    from glm_engine.sampler import adjusted_logits
+    assert adjusted_logits(logits[0], seq).tolist() == [2.0, -4.0, 3.0, 1.0]
+
+
+def test_presence_and_frequency_penalties_count_output_tokens_only():
+    from glm_engine.sampler import adjusted_logits
+    logits = torch.zeros(4)
+    seq = seq_with(SamplingParams(presence_penalty=0.5, frequency_penalty=0.25), prompt=(3,), output=(1, 1, 2))
+    assert adjusted_logits(logits, seq).tolist() == [0.0, -1.0, -0.75, 0.0]
+
+
+def test_min_p_keeps_only_tokens_near_the_best():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    seen = set()
+    for seed in range(200):
+        seq = Sequence("s", [1], 1, SamplingParams(temperature=1.0, min_p=0.5), frozenset(), seed=seed)
+        seen.update(sample(logits.clone(), [seq]))
+    assert seen == {0, 1}  # 0.15 and 0.05 are below 0.5 * 0.5
+
+
+def test_min_tokens_bans_stop_tokens_until_reached():
+    logits = torch.tensor([[0.0, 9.0, 1.0]])  # token 1, a stop token, is by far the best
+    early = seq_with(SamplingParams(min_tokens=2), output=(2,), stop={1})
+    assert sample(logits.clone(), [early]) == [2]
+    enough = seq_with(SamplingParams(min_tokens=2), output=(2, 2), stop={1})
+    assert sample(logits.clone(), [enough]) == [1]
+
+
+def test_min_tokens_through_the_engine(engine):
+    free_run = engine.generate([PROMPT], SamplingParams(max_tokens=10, stop_token_ids=()))[0]
+    stop = free_run[0]  # would end the answer at once
+    assert engine.generate([PROMPT], SamplingParams(max_tokens=10, stop_token_ids=(stop,)))[0] == []
+    held = engine.generate([PROMPT], SamplingParams(max_tokens=10, stop_token_ids=(stop,), min_tokens=4))[0]
+    assert len(held) >= 4 and stop not in held[:4]
+
+
 def test_stops_at_end_id_and_does_not_return_it(engine):
     free_run = engine.generate([PROMPT], SamplingParams(max_tokens=10, stop_token_ids=()))[0]
     stop = free_run[4]
@@ -80,6 +124,11 @@ def test_max_tokens_gives_length(engine):
     (SamplingParams(top_k=-1), "top_k must be"),
     (SamplingParams(stop_token_ids=(10**6,)), "end_id must lie"),
     (SamplingParams(max_tokens=200), "over the model's limit of 128"),
+    (SamplingParams(min_p=1.5), r"min_p must lie in \[0, 1\]"),
+    (SamplingParams(repetition_penalty=0.0), "repetition_penalty must be"),
+    (SamplingParams(presence_penalty=3.0), r"presence_penalty must lie in \[-2, 2\]"),
+    (SamplingParams(frequency_penalty=-2.5), r"frequency_penalty must lie in \[-2, 2\]"),
+    (SamplingParams(max_tokens=4, min_tokens=5), r"min_tokens must lie in \[0, max_tokens=4\]"),
 ])
 def test_bad_settings_are_refused_with_their_name(engine, params, message):
     with pytest.raises(ValueError, match=message):

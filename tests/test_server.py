@@ -49,7 +49,9 @@ def ensemble_inputs(module, prompt: str, **params):
     types = {"max_tokens": ("INT32", np.int32), "stream": ("BOOL", bool), "exclude_input_in_output": ("BOOL", bool),
              "end_id": ("INT32", np.int32), "ignore_eos": ("BOOL", bool),
              "temperature": ("FP32", np.float32), "top_k": ("INT32", np.int32), "top_p": ("FP32", np.float32),
-             "seed": ("UINT64", np.uint64)}
+             "seed": ("UINT64", np.uint64), "min_p": ("FP32", np.float32), "min_tokens": ("INT32", np.int32),
+             "repetition_penalty": ("FP32", np.float32), "presence_penalty": ("FP32", np.float32),
+             "frequency_penalty": ("FP32", np.float32)}
     text = module.InferInput("text_input", [1, 1], "BYTES")
     text.set_data_from_numpy(np.array([[prompt.encode()]], dtype=np.object_))
     inputs = [text]
@@ -201,6 +203,16 @@ def test_end_id_stops_and_ignore_eos_overrides_it(triton_server, demo_model_dir)
     assert result.as_numpy("text_output").reshape(-1)[0].decode() == ""
 
 
+def test_penalties_reach_the_engine_through_ensemble_and_bls(triton_server):
+    plain = generate_text(triton_server, "Repeat after me", max_tokens=24)
+    params = dict(max_tokens=24, repetition_penalty=1.8, presence_penalty=1.5, frequency_penalty=1.0, min_p=0.05)
+    penalized = generate_text(triton_server, "Repeat after me", **params)
+    assert penalized != plain  # the demo model loops; penalties change its greedy path
+    client = httpclient.InferenceServerClient(triton_server.http_url)
+    result = client.infer("bls", ensemble_inputs(httpclient, "Repeat after me", exclude_input_in_output=True, **params))
+    assert result.as_numpy("text_output").reshape(-1)[0].decode() == penalized
+
+
 # -- bad input: a clear error, and the server goes on ----------------------------------------------------------------
 @pytest.mark.parametrize("body, expected", [
     ({"text_input": "", "max_tokens": 8}, "'text_input' is empty"),
@@ -211,6 +223,11 @@ def test_end_id_stops_and_ignore_eos_overrides_it(triton_server, demo_model_dir)
     ({"text_input": "hi", "top_p": 0.0}, "top_p must lie in (0, 1]"),
     ({"text_input": "hi", "temperature": -1.0}, "temperature must be"),
     ({"text_input": "hi", "top_k": -2}, "top_k must be"),
+    ({"text_input": "hi", "min_p": 2.0}, "min_p must lie in [0, 1]"),
+    ({"text_input": "hi", "repetition_penalty": 0.0}, "repetition_penalty must be"),
+    ({"text_input": "hi", "presence_penalty": 5.0}, "presence_penalty must lie in [-2, 2]"),
+    ({"text_input": "hi", "frequency_penalty": -5.0}, "frequency_penalty must lie in [-2, 2]"),
+    ({"text_input": "hi", "max_tokens": 4, "min_tokens": 9}, "min_tokens must lie in [0, max_tokens=4]"),
 ])
 def test_bad_values_get_a_clear_error(triton_server, body, expected):
     response = generate(triton_server, **body)

@@ -1,6 +1,8 @@
-"""Turning each sequence's last logits into its next token: greedy, or temperature / top-k / top-p sampling.
+"""Turning each sequence's last logits into its next token.
 
-Every sampled row draws from its sequence's own generator, seeded once per request, so a seed gives the same
+Order, per sequence: penalties (repetition, presence, frequency) and the min_tokens ban on end-of-sequence
+tokens adjust the logits; then greedy takes the best, or sampling divides by the temperature, filters by top-k,
+top-p and min-p, and draws from the sequence's own generator, seeded once per request, so a seed gives the same
 tokens whatever else is in the batch.
 """
 
@@ -11,8 +13,12 @@ import torch
 from .sequence import Sequence
 
 
+@torch.inference_mode()
 def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-    """logits: [len(seqs), vocab] float32 -> one token id per sequence."""
+    """logits: [len(seqs), vocab] float32 -> one token id per sequence (penalties adjust `logits` in place)."""
+    for row, seq in enumerate(seqs):
+        if seq.params.penalized or seq.num_output_tokens < seq.params.min_tokens:
+            logits[row] = adjusted_logits(logits[row], seq)
     tokens = logits.argmax(dim=-1)
     for row, seq in enumerate(seqs):
         params = seq.params
@@ -24,11 +30,29 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
             scores = scores.masked_fill(scores < kth_best, float("-inf"))
         if params.top_p < 1.0:
             scores = _top_p_filter(scores, params.top_p)
+        probs = torch.softmax(scores, dim=-1)
+        if params.min_p > 0.0:
+            probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
         if seq.generator is None:
             seq.generator = torch.Generator(device=logits.device).manual_seed(seq.seed)
-        probs = torch.softmax(scores, dim=-1)
         tokens[row] = torch.multinomial(probs, 1, generator=seq.generator)[0]
     return tokens.tolist()
+
+
+def adjusted_logits(row: torch.Tensor, seq: Sequence) -> torch.Tensor:
+    params = seq.params
+    row = row.clone()
+    if params.repetition_penalty != 1.0:
+        seen = torch.tensor(sorted(set(seq.token_ids)), device=row.device)
+        values = row[seen]
+        row[seen] = torch.where(values > 0, values / params.repetition_penalty, values * params.repetition_penalty)
+    if (params.presence_penalty or params.frequency_penalty) and seq.num_output_tokens:
+        output = torch.tensor(seq.output_token_ids, device=row.device)
+        counts = torch.bincount(output, minlength=row.shape[0]).to(row.dtype)
+        row -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(row.dtype)
+    if seq.num_output_tokens < params.min_tokens and seq.stop_token_ids:
+        row[torch.tensor(sorted(seq.stop_token_ids), device=row.device)] = float("-inf")
+    return row
 
 
 def _top_p_filter(scores: torch.Tensor, top_p: float) -> torch.Tensor:

@@ -29,6 +29,14 @@ class SamplingParams:
     temperature: float = 0.0
     top_k: int = 0  # 0: no top-k filter
     top_p: float = 1.0  # 1: no nucleus filter
+    min_p: float = 0.0  # drop tokens less likely than min_p times the most likely one; 0: off
+    # > 1 discourages tokens already in the prompt or output (divides positive logits, multiplies negative ones).
+    repetition_penalty: float = 1.0
+    # Subtracted from the logits of tokens already generated: once (presence) or once per occurrence (frequency).
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # End-of-sequence tokens cannot be sampled before this many tokens are out.
+    min_tokens: int = 0
     # The same seed and prompt give the same tokens, whatever else shares the batch. None: drawn by the engine.
     seed: int | None = None
     # Tokens that end the sequence; None means the checkpoint's end-of-sequence ids.
@@ -37,6 +45,10 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def penalized(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     def validate(self) -> None:
         """Raise ValueError naming the setting that is out of range."""
@@ -48,6 +60,15 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
         if not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must lie in [0, 1], got {self.min_p}")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0.0):
+            raise ValueError(f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"{name} must lie in [-2, 2], got {getattr(self, name)}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must lie in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
         if self.seed is not None and not (0 <= self.seed < 2**64):
             raise ValueError(f"seed must lie in [0, 2**64), got {self.seed}")
 

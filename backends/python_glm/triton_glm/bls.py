@@ -18,6 +18,8 @@ from .common import InputError, as_text, check_prompt, error_response, optional_
 # The bls input name -> the glm input it becomes (the ensemble's mapping), for the optional inputs.
 GLM_INPUTS = {"max_tokens": "request_output_len", "exclude_input_in_output": "exclude_input_in_output",
               "temperature": "temperature", "top_k": "runtime_top_k", "top_p": "runtime_top_p", "seed": "seed",
+              "min_p": "min_p", "repetition_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
+              "frequency_penalty": "frequency_penalty", "min_tokens": "min_tokens",
               "end_id": "end_id", "ignore_eos": "ignore_eos", "pad_id": "pad_id"}
 
 

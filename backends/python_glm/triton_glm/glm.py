@@ -61,6 +61,11 @@ class GlmEngineModel:
             temperature=optional_scalar(request, "temperature", 0.0, float),
             top_k=optional_scalar(request, "runtime_top_k", 0, int),
             top_p=optional_scalar(request, "runtime_top_p", 1.0, float),
+            min_p=optional_scalar(request, "min_p", 0.0, float),
+            repetition_penalty=optional_scalar(request, "repetition_penalty", 1.0, float),
+            presence_penalty=optional_scalar(request, "presence_penalty", 0.0, float),
+            frequency_penalty=optional_scalar(request, "frequency_penalty", 0.0, float),
+            min_tokens=optional_scalar(request, "min_tokens", 0, int),
             seed=optional_scalar(request, "seed", None, int),
             stop_token_ids=stop_token_ids,
         )
