@@ -177,6 +177,21 @@ def test_block_sizes(tiny_model, block_size):
     assert_matches_reference(model, requests, outputs)
 
 
+def test_log_probs_match_transformers(tiny_model):
+    model_dir, model = tiny_model
+    prompt = prompts((11,), seed=10)[0]
+    engine = make_engine(model_dir)
+    engine.add_request("lp", prompt, SamplingParams(max_tokens=12, stop_token_ids=(), logprobs=True))
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    tokens, logits = reference(model, prompt, 12)
+    expected = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(tokens)[:, None])[:, 0]
+    got = torch.tensor([lp for o in outputs for lp in o.new_logprobs])
+    torch.testing.assert_close(got, expected, atol=LOGITS_ATOL, rtol=0)
+    assert outputs[-1].cumulative_logprob == pytest.approx(float(got.sum()), abs=1e-4)
+
+
 def test_transformers_generate_agrees(tiny_model):
     """The same check through transformers' public generate(do_sample=False)."""
     model_dir, model = tiny_model

@@ -44,10 +44,10 @@ def test_sampler_filters():
     seen_top_k, seen_top_p = set(), set()
     for seed in range(200):
         seq = Sequence("s", [1], 1, SamplingParams(temperature=1.0, top_k=2), frozenset(), seed=seed)
-        seen_top_k.update(sample(logits, [seq]))
+        seen_top_k.update(sample(logits, [seq])[0])
         # The three best hold ~99.6% of the mass; top_p 0.6 keeps exactly the two best.
         seq = Sequence("s", [1], 1, SamplingParams(temperature=1.0, top_p=0.6), frozenset(), seed=seed)
-        seen_top_p.update(sample(logits, [seq]))
+        seen_top_p.update(sample(logits, [seq])[0])
     assert seen_top_k == {1, 2}
     assert seen_top_p == {1, 2}
 
@@ -59,7 +59,7 @@ def seq_with(params: SamplingParams, prompt=(1,), output=(), stop=frozenset()) -
 def test_repetition_penalty_divides_positive_and_multiplies_negative_logits():
     logits = torch.tensor([[4.0, -2.0, 3.0, 1.0]])
     seq = seq_with(SamplingParams(repetition_penalty=2.0), prompt=(0,), output=(1,))
-    assert sample(logits.clone(), [seq]) == [2]  # token 0 falls from 4 to 2, below token 2's 3
+    assert sample(logits.clone(), [seq])[0] == [2]  # token 0 falls from 4 to 2, below token 2's 3
     from glm_engine.sampler import adjusted_logits
     assert adjusted_logits(logits[0], seq).tolist() == [2.0, -4.0, 3.0, 1.0]
 
@@ -76,16 +76,16 @@ def test_min_p_keeps_only_tokens_near_the_best():
     seen = set()
     for seed in range(200):
         seq = Sequence("s", [1], 1, SamplingParams(temperature=1.0, min_p=0.5), frozenset(), seed=seed)
-        seen.update(sample(logits.clone(), [seq]))
+        seen.update(sample(logits.clone(), [seq])[0])
     assert seen == {0, 1}  # 0.15 and 0.05 are below 0.5 * 0.5
 
 
 def test_min_tokens_bans_stop_tokens_until_reached():
     logits = torch.tensor([[0.0, 9.0, 1.0]])  # token 1, a stop token, is by far the best
     early = seq_with(SamplingParams(min_tokens=2), output=(2,), stop={1})
-    assert sample(logits.clone(), [early]) == [2]
+    assert sample(logits.clone(), [early])[0] == [2]
     enough = seq_with(SamplingParams(min_tokens=2), output=(2, 2), stop={1})
-    assert sample(logits.clone(), [enough]) == [1]
+    assert sample(logits.clone(), [enough])[0] == [1]
 
 
 def test_min_tokens_through_the_engine(engine):

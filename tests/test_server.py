@@ -47,7 +47,7 @@ def generate_stream(server, **body) -> list[str]:
 
 def ensemble_inputs(module, prompt: str, **params):
     types = {"max_tokens": ("INT32", np.int32), "stream": ("BOOL", bool), "exclude_input_in_output": ("BOOL", bool),
-             "end_id": ("INT32", np.int32), "ignore_eos": ("BOOL", bool),
+             "end_id": ("INT32", np.int32), "ignore_eos": ("BOOL", bool), "return_log_probs": ("BOOL", bool),
              "temperature": ("FP32", np.float32), "top_k": ("INT32", np.int32), "top_p": ("FP32", np.float32),
              "seed": ("UINT64", np.uint64), "min_p": ("FP32", np.float32), "min_tokens": ("INT32", np.int32),
              "repetition_penalty": ("FP32", np.float32), "presence_penalty": ("FP32", np.float32),
@@ -195,12 +195,40 @@ def test_end_id_stops_and_ignore_eos_overrides_it(triton_server, demo_model_dir)
     first_token = int(result.as_numpy("output_ids").reshape(-1)[0])
 
     answer = generate_text(triton_server, "Stop me", max_tokens=12)
-    assert generate_text(triton_server, "Stop me", max_tokens=12, end_id=first_token) == ""
+    stopped = generate(triton_server, text_input="Stop me", max_tokens=12, end_id=first_token,
+                       exclude_input_in_output=True).json()
+    assert stopped["text_output"] == "" and stopped["finish_reason"] == "stop" and stopped["num_output_tokens"] == 0
     assert generate_text(triton_server, "Stop me", max_tokens=12, end_id=first_token, ignore_eos=True) == answer
     client = httpclient.InferenceServerClient(triton_server.http_url)
     result = client.infer("bls", ensemble_inputs(httpclient, "Stop me", max_tokens=12, end_id=first_token,
                                                  exclude_input_in_output=True))
     assert result.as_numpy("text_output").reshape(-1)[0].decode() == ""
+
+
+def test_finish_reason_token_counts_and_log_probs(triton_server):
+    body = generate(triton_server, text_input="Count me", max_tokens=10, return_log_probs=True,
+                    exclude_input_in_output=True).json()
+    assert body["finish_reason"] == "length" and body["num_output_tokens"] == 10 and body["num_input_tokens"] > 2
+    assert len(body["output_log_probs"]) == 10 and all(lp <= 0 for lp in body["output_log_probs"])
+    assert body["cum_log_probs"] == pytest.approx(sum(body["output_log_probs"]), abs=1e-3)
+
+    events = []
+    with requests.post(f"http://{triton_server.http_url}/v2/models/ensemble/generate_stream", stream=True,
+                       json={"text_input": "Count me", "max_tokens": 10, "stream": True, "return_log_probs": True},
+                       timeout=120) as response:
+        events = [json.loads(line[6:]) for line in response.iter_lines(decode_unicode=True)
+                  if line.startswith("data: ")]
+    streamed = [lp for e in events for lp in np.atleast_1d(e["output_log_probs"]).tolist()]
+    assert streamed == pytest.approx(body["output_log_probs"], abs=1e-6)
+    assert [e["finish_reason"] for e in events][-1] == "length" and events[-1]["num_output_tokens"] == 10
+    assert all(e["finish_reason"] == "" for e in events[:-1])
+
+    client = httpclient.InferenceServerClient(triton_server.http_url)
+    result = client.infer("bls", ensemble_inputs(httpclient, "Count me", max_tokens=10, return_log_probs=True,
+                                                 exclude_input_in_output=True))
+    assert result.as_numpy("finish_reason").reshape(-1)[0] == b"length"
+    assert result.as_numpy("num_output_tokens").item() == 10
+    assert result.as_numpy("output_log_probs").reshape(-1).tolist() == pytest.approx(body["output_log_probs"])
 
 
 def test_penalties_reach_the_engine_through_ensemble_and_bls(triton_server):

@@ -33,14 +33,14 @@ def tokenizer(demo_model_dir):
     return GlmTokenizer(demo_model_dir)
 
 
-def output(tokens, finished=False, reason=None, error=None):
-    return RequestOutput("r", tokens, finished=finished, finish_reason=reason, error=error)
+def output(tokens, finished=False, reason=None, error=None, logprobs=None):
+    return RequestOutput("r", tokens, finished=finished, finish_reason=reason, error=error, new_logprobs=logprobs)
 
 
 def test_stream_sends_whole_character_chunks_then_a_final_flag(tokenizer):
     ids = tokenizer.encode("龘靐齉 ok")[2:]
     sender = Sender()
-    stream = ResponseStream(sender, True, [], CompleteTextChunker(tokenizer))
+    stream = ResponseStream(sender, True, [], False, CompleteTextChunker(tokenizer))
     for i, token in enumerate(ids):
         last = i == len(ids) - 1
         assert stream.on_output(output([token], finished=last, reason=FinishReason.LENGTH if last else None))
@@ -52,17 +52,20 @@ def test_stream_sends_whole_character_chunks_then_a_final_flag(tokenizer):
 
 def test_single_response_echoes_the_prompt_and_closes(tokenizer):
     sender = Sender()
-    stream = ResponseStream(sender, False, [7, 8], CompleteTextChunker(tokenizer))
+    stream = ResponseStream(sender, False, [7, 8], True, CompleteTextChunker(tokenizer))
     stream.on_output(output([9]))
     assert sender.sent == []
     stream.on_output(output([10], finished=True, reason=FinishReason.STOP))
     (response, flags), = sender.sent
     assert response.outputs["output_ids"].tolist() == [[[7, 8, 9, 10]]] and flags == FINAL
+    assert response.outputs["num_input_tokens"].item() == 2 and response.outputs["num_output_tokens"].item() == 2
+    assert response.outputs["finish_reason"].item() == b"stop"
+    assert response.outputs["output_log_probs"].size == 0  # not asked for
 
 
 def test_a_cancelled_client_aborts_and_its_stream_is_closed(tokenizer):
     sender = Sender()
-    stream = ResponseStream(sender, True, [], CompleteTextChunker(tokenizer))
+    stream = ResponseStream(sender, True, [], False, CompleteTextChunker(tokenizer))
     sender.cancelled = True
     assert stream.on_output(output([5])) is False  # asks the engine to abort...
     assert sender.sent == []
@@ -72,7 +75,7 @@ def test_a_cancelled_client_aborts_and_its_stream_is_closed(tokenizer):
 
 def test_cancelled_on_the_last_output_still_closes_the_stream(tokenizer):
     sender = Sender()
-    stream = ResponseStream(sender, True, [], CompleteTextChunker(tokenizer))
+    stream = ResponseStream(sender, True, [], False, CompleteTextChunker(tokenizer))
     sender.cancelled = True
     stream.on_output(output([5], finished=True, reason=FinishReason.LENGTH))
     assert sender.sent == [(None, FINAL)]
@@ -80,8 +83,28 @@ def test_cancelled_on_the_last_output_still_closes_the_stream(tokenizer):
 
 def test_engine_errors_become_internal_error_responses(tokenizer):
     sender = Sender()
-    ResponseStream(sender, True, [], CompleteTextChunker(tokenizer)).on_output(
+    ResponseStream(sender, True, [], False, CompleteTextChunker(tokenizer)).on_output(
         output([], finished=True, reason=FinishReason.ERROR, error="engine step failed: boom"))
     (response, flags), = sender.sent
     assert flags == FINAL and response.error.code == "INTERNAL" and "boom" in response.error.message
     assert response.outputs == {}
+
+
+def test_log_probs_follow_their_tokens_through_held_back_chunks(tokenizer):
+    ids = tokenizer.encode("龘 ok")[2:]  # the character spans several tokens, which are held back together
+    logprobs = [-0.5 * (i + 1) for i in range(len(ids))]
+    sender = Sender()
+    stream = ResponseStream(sender, True, [1, 2, 3], False, CompleteTextChunker(tokenizer))
+    for i, (token, logprob) in enumerate(zip(ids, logprobs)):
+        last = i == len(ids) - 1
+        stream.on_output(output([token], finished=last, reason=FinishReason.LENGTH if last else None,
+                                logprobs=[logprob]))
+    responses = [r.outputs for r, _ in sender.sent]
+    assert len(responses) < len(ids)
+    for r in responses:
+        assert r["output_log_probs"].shape == r["output_ids"].shape  # one log-prob per token sent
+    assert [lp for r in responses for lp in r["output_log_probs"].reshape(-1).tolist()] == logprobs
+    assert responses[-1]["cum_log_probs"].item() == pytest.approx(sum(logprobs))
+    assert [r["num_output_tokens"].item() for r in responses][-1] == len(ids)
+    assert [r["finish_reason"].item() for r in responses] == [b""] * (len(responses) - 1) + [b"length"]
+    assert all(r["num_input_tokens"].item() == 3 for r in responses)

@@ -27,6 +27,9 @@ class RequestOutput:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     error: str | None = None
+    # With SamplingParams.logprobs: the log-probability of each new token, and of the whole output so far.
+    new_logprobs: list[float] | None = None
+    cumulative_logprob: float | None = None
 
 
 @dataclass
@@ -122,23 +125,29 @@ class LLMEngine:
         for item in batch:
             item.seq.num_computed_tokens += item.num_new_tokens
             self.pool.cache_full_blocks(item.seq)
-        outputs = []
-        for seq, token in zip(sampling, sample(logits, sampling)):
-            outputs.append(self._append_token(seq, token))
-        return outputs
+        tokens, logprobs = sample(logits, sampling)
+        return [self._append_token(seq, token, logprob) for seq, token, logprob in zip(sampling, tokens, logprobs)]
 
     def fail_all(self, message: str) -> list[RequestOutput]:
         """End every live request with an error and free its blocks (after an unexpected engine fault)."""
         return [self._fail(seq, message) for seq in list(self.sequences.values())]
 
-    def _append_token(self, seq: Sequence, token: int) -> RequestOutput:
+    def _append_token(self, seq: Sequence, token: int, logprob: float | None) -> RequestOutput:
         self.num_generated_tokens += 1
         if token in seq.stop_token_ids:
-            return self._finish(seq, FinishReason.STOP, [])
-        seq.token_ids.append(token)
-        if seq.num_output_tokens >= seq.params.max_tokens:
-            return self._finish(seq, FinishReason.LENGTH, [token])
-        return self._output(seq, [token])
+            output = self._finish(seq, FinishReason.STOP, [])
+        else:
+            seq.token_ids.append(token)
+            if logprob is not None:
+                seq.cumulative_logprob += logprob
+            if seq.num_output_tokens >= seq.params.max_tokens:
+                output = self._finish(seq, FinishReason.LENGTH, [token])
+            else:
+                output = self._output(seq, [token])
+        if seq.params.logprobs:
+            output.new_logprobs = [logprob] if output.new_token_ids else []
+            output.cumulative_logprob = seq.cumulative_logprob
+        return output
 
     def _finish(self, seq: Sequence, reason: FinishReason, new_tokens: list[int]) -> RequestOutput:
         self.scheduler.finish(seq, reason)

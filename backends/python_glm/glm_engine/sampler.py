@@ -14,8 +14,9 @@ from .sequence import Sequence
 
 
 @torch.inference_mode()
-def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-    """logits: [len(seqs), vocab] float32 -> one token id per sequence (penalties adjust `logits` in place)."""
+def sample(logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[float | None]]:
+    """logits: [len(seqs), vocab] float32 -> one token id per sequence, and its log-probability for the sequences
+    that asked (None for the others). Penalties adjust `logits` in place."""
     for row, seq in enumerate(seqs):
         if seq.params.penalized or seq.num_output_tokens < seq.params.min_tokens:
             logits[row] = adjusted_logits(logits[row], seq)
@@ -36,7 +37,14 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         if seq.generator is None:
             seq.generator = torch.Generator(device=logits.device).manual_seed(seq.seed)
         tokens[row] = torch.multinomial(probs, 1, generator=seq.generator)[0]
-    return tokens.tolist()
+    logprobs: list[float | None] = [None] * len(seqs)
+    wanted = [row for row, seq in enumerate(seqs) if seq.params.logprobs]
+    if wanted:
+        rows = torch.tensor(wanted, device=logits.device)
+        chosen = torch.log_softmax(logits[rows], dim=-1).gather(1, tokens[rows, None])[:, 0]
+        for row, value in zip(wanted, chosen.tolist()):
+            logprobs[row] = value
+    return tokens.tolist(), logprobs
 
 
 def adjusted_logits(row: torch.Tensor, seq: Sequence) -> torch.Tensor:

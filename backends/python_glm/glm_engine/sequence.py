@@ -37,6 +37,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     # End-of-sequence tokens cannot be sampled before this many tokens are out.
     min_tokens: int = 0
+    # Report each new token's log-probability under the model's distribution (after penalties, before the
+    # temperature and the filters).
+    logprobs: bool = False
     # The same seed and prompt give the same tokens, whatever else shares the batch. None: drawn by the engine.
     seed: int | None = None
     # Tokens that end the sequence; None means the checkpoint's end-of-sequence ids.
@@ -90,6 +93,7 @@ class Sequence:
     # Chained hashes of the full blocks at the head of block_table that are registered for prefix reuse.
     block_hashes: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
+    cumulative_logprob: float = 0.0
     generator: torch.Generator | None = None  # made by the sampler, on the logits' device
 
     @property

@@ -20,7 +20,9 @@ GLM_INPUTS = {"max_tokens": "request_output_len", "exclude_input_in_output": "ex
               "temperature": "temperature", "top_k": "runtime_top_k", "top_p": "runtime_top_p", "seed": "seed",
               "min_p": "min_p", "repetition_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
               "frequency_penalty": "frequency_penalty", "min_tokens": "min_tokens",
-              "end_id": "end_id", "ignore_eos": "ignore_eos", "pad_id": "pad_id"}
+              "end_id": "end_id", "ignore_eos": "ignore_eos", "return_log_probs": "return_log_probs", "pad_id": "pad_id"}
+# The glm outputs that bls returns as they are (from the last response) or joined (log-probs).
+PASSED_THROUGH = ("finish_reason", "num_input_tokens", "num_output_tokens", "cum_log_probs")
 
 
 class Bls:
@@ -51,17 +53,25 @@ class Bls:
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             if tensor is not None:
                 inputs.append(pb_utils.Tensor(glm_name, tensor.as_numpy()))
-        engine_request = pb_utils.InferenceRequest(model_name=self.engine_model, inputs=inputs,
-                                                   requested_output_names=["output_ids", "sequence_length"])
+        engine_request = pb_utils.InferenceRequest(
+            model_name=self.engine_model, inputs=inputs,
+            requested_output_names=["output_ids", "output_log_probs", *PASSED_THROUGH])
         token_ids: list[int] = []
+        logprobs: list[float] = []
+        last = {}
         for response in engine_request.exec(decoupled=True):
             if response.has_error():
                 return pb_utils.InferenceResponse(output_tensors=[], error=response.error())
-            output = pb_utils.get_output_tensor_by_name(response, "output_ids")
-            if output is not None:
-                token_ids += output.as_numpy().reshape(-1).tolist()
+            if not response.output_tensors():  # the empty final flag
+                continue
+            token_ids += pb_utils.get_output_tensor_by_name(response, "output_ids").as_numpy().reshape(-1).tolist()
+            logprobs += pb_utils.get_output_tensor_by_name(response, "output_log_probs").as_numpy().reshape(-1).tolist()
+            last = {name: pb_utils.get_output_tensor_by_name(response, name).as_numpy() for name in PASSED_THROUGH}
         text = np.array([[self.tokenizer.decode(token_ids).encode("utf-8")]], dtype=np.object_)
-        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("text_output", text)])
+        return pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor("text_output", text),
+            pb_utils.Tensor("output_log_probs", np.array(logprobs, dtype=np.float32).reshape(1, 1, -1)),
+            *(pb_utils.Tensor(name, value) for name, value in last.items())])
 
     def finalize(self):
         self.pool.shutdown(wait=False, cancel_futures=True)

@@ -35,8 +35,8 @@ class GlmEngineModel:
             sender = request.get_response_sender()
             try:
                 prompt, params, streaming, echo_prompt = self._parse(request)
-                stream = ResponseStream(sender, streaming, prompt if echo_prompt else [],
-                                        CompleteTextChunker(self.tokenizer), self.metrics)
+                stream = ResponseStream(sender, streaming, prompt, echo_prompt, CompleteTextChunker(self.tokenizer),
+                                        self.metrics)
                 self.engine_thread.submit(f"r{next(self._request_ids)}", prompt, params, stream.on_output)
             except ValueError as exc:  # InputError, or the engine's own checks
                 sender.send(error_response(str(exc)), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -66,6 +66,7 @@ class GlmEngineModel:
             presence_penalty=optional_scalar(request, "presence_penalty", 0.0, float),
             frequency_penalty=optional_scalar(request, "frequency_penalty", 0.0, float),
             min_tokens=optional_scalar(request, "min_tokens", 0, int),
+            logprobs=optional_scalar(request, "return_log_probs", False, bool),
             seed=optional_scalar(request, "seed", None, int),
             stop_token_ids=stop_token_ids,
         )
@@ -82,15 +83,21 @@ class GlmEngineModel:
 
 class ResponseStream:
     """One request's responses. Streaming: a response whenever new tokens complete some text; otherwise one
-    response with everything at the end. The last response carries the final flag."""
+    response with everything at the end. The last response carries the final flag. Every response has all the
+    outputs: finish_reason is empty until the last one; counts and log-probs cover the tokens sent so far."""
 
-    def __init__(self, sender, streaming: bool, prompt_echo: list[int], chunker: CompleteTextChunker,
+    def __init__(self, sender, streaming: bool, prompt: list[int], echo_prompt: bool, chunker: CompleteTextChunker,
                  metrics: EngineMetrics | None = None):
         self.sender = sender
         self.streaming = streaming
-        self.collected = list(prompt_echo)
+        self.num_input_tokens = len(prompt)
+        self.echo = list(prompt) if echo_prompt else []
         self.chunker = chunker
         self.metrics = metrics
+        self.unsent_ids: list[int] = []  # streaming off: the whole answer, sent at the end
+        self.unsent_logprobs: list[float] = []  # log-probs of generated tokens not sent yet (with return_log_probs)
+        self.num_sent = 0
+        self.cum_logprob = 0.0
         self.arrival = self.last_token_time = time.monotonic()
         self.num_tokens = 0
 
@@ -106,16 +113,17 @@ class ResponseStream:
             if output.finished:
                 self.sender.send(flags=final)
             return False
+        self.unsent_logprobs += output.new_logprobs or []
         if self.streaming:
             ready = self.chunker.push(output.new_token_ids)
             if output.finished:
                 ready += self.chunker.flush()
             if ready or output.finished:
-                self._send(ready, output.finished)
+                self._send(ready, len(ready), output)
         else:
-            self.collected += output.new_token_ids
+            self.unsent_ids += output.new_token_ids
             if output.finished:
-                self._send(self.collected, True)
+                self._send(self.echo + self.unsent_ids, len(self.unsent_ids), output)
         return True
 
     def _observe(self, output: RequestOutput) -> None:
@@ -131,10 +139,20 @@ class ResponseStream:
             reason = output.finish_reason or FinishReason.ERROR
             self.metrics.finish(reason.value)
 
-    def _send(self, token_ids: list[int], final: bool) -> None:
-        ids = np.array(token_ids, dtype=np.int32).reshape(1, 1, -1)
+    def _send(self, token_ids: list[int], num_generated: int, output: RequestOutput) -> None:
+        """Send token_ids, whose last num_generated are generated tokens not sent before."""
+        logprobs = self.unsent_logprobs[:num_generated]
+        del self.unsent_logprobs[:num_generated]
+        self.num_sent += num_generated
+        self.cum_logprob += sum(logprobs)
+        reason = output.finish_reason.value if output.finished and output.finish_reason else ""
         response = pb_utils.InferenceResponse(output_tensors=[
-            pb_utils.Tensor("output_ids", ids),
+            pb_utils.Tensor("output_ids", np.array(token_ids, dtype=np.int32).reshape(1, 1, -1)),
             pb_utils.Tensor("sequence_length", np.array([[len(token_ids)]], dtype=np.int32)),
+            pb_utils.Tensor("finish_reason", np.array([[reason.encode()]], dtype=np.object_)),
+            pb_utils.Tensor("num_input_tokens", np.array([[self.num_input_tokens]], dtype=np.int32)),
+            pb_utils.Tensor("num_output_tokens", np.array([[self.num_sent]], dtype=np.int32)),
+            pb_utils.Tensor("output_log_probs", np.array(logprobs, dtype=np.float32).reshape(1, 1, -1)),
+            pb_utils.Tensor("cum_log_probs", np.array([[self.cum_logprob]], dtype=np.float32)),
         ])
-        self.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
+        self.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if output.finished else 0)
