@@ -231,6 +231,20 @@ def test_finish_reason_token_counts_and_log_probs(triton_server):
     assert result.as_numpy("output_log_probs").reshape(-1).tolist() == pytest.approx(body["output_log_probs"])
 
 
+def test_vllm_backend_request_style_works_unchanged(triton_server):
+    expected = generate_text(triton_server, "Same either way", max_tokens=12, temperature=0.0)
+    vllm_style = {"text_input": "Same either way", "exclude_input_in_output": True,
+                  "sampling_parameters": json.dumps({"max_tokens": "12", "temperature": "0", "top_k": "-1"}),
+                  "return_finish_reason": True, "return_num_output_tokens": True}
+    body = generate(triton_server, **vllm_style).json()
+    assert body["text_output"] == expected and body["num_output_tokens"] == 12
+    pieces = generate_stream(triton_server, **vllm_style, stream=True)
+    assert "".join(pieces) == expected
+
+    response = generate(triton_server, text_input="hi", sampling_parameters=json.dumps({"best_of": 2}))
+    assert response.status_code == 400 and "unsupported keys ['best_of']" in response.json()["error"]
+
+
 def test_penalties_reach_the_engine_through_ensemble_and_bls(triton_server):
     plain = generate_text(triton_server, "Repeat after me", max_tokens=24)
     params = dict(max_tokens=24, repetition_penalty=1.8, presence_penalty=1.5, frequency_penalty=1.0, min_p=0.05)

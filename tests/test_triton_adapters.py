@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import sys
 
+import json
+
+import numpy as np
 import pytest
 
 import fake_pb_utils
@@ -12,7 +15,9 @@ fake_pb_utils.install(sys.modules)
 
 from glm_engine import FinishReason, RequestOutput  # noqa: E402
 from glm_engine.tokenizer import CompleteTextChunker, GlmTokenizer  # noqa: E402
+from triton_glm.common import InputError  # noqa: E402
 from triton_glm.glm import ResponseStream  # noqa: E402
+from triton_glm.request_params import sampling_params  # noqa: E402
 
 FINAL = fake_pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -108,3 +113,43 @@ def test_log_probs_follow_their_tokens_through_held_back_chunks(tokenizer):
     assert [r["num_output_tokens"].item() for r in responses][-1] == len(ids)
     assert [r["finish_reason"].item() for r in responses] == [b""] * (len(responses) - 1) + [b"length"]
     assert all(r["num_input_tokens"].item() == 3 for r in responses)
+
+
+def request(sampling_parameters=None, **tensors):
+    """A request as the stand-in pb_utils sees it: input name -> tensor of shape [1, 1]."""
+    if sampling_parameters is not None:
+        tensors["sampling_parameters"] = np.array([[json.dumps(sampling_parameters).encode()]], dtype=np.object_)
+    return {name: fake_pb_utils.Tensor(name, np.array(value).reshape(1, 1)) for name, value in tensors.items()}
+
+
+def test_vllm_style_sampling_parameters_with_string_values():
+    params = sampling_params(request({"temperature": "0.5", "max_tokens": "7", "top_k": "-1", "top_p": 0.9,
+                                      "seed": "3", "ignore_eos": "true", "min_tokens": "2", "logprobs": 1}), 64)
+    assert (params.temperature, params.max_tokens, params.top_k, params.top_p, params.seed) == (0.5, 7, 0, 0.9, 3)
+    assert params.stop_token_ids == () and params.min_tokens == 2 and params.logprobs
+
+
+def test_tensors_win_over_the_json_and_defaults_fill_the_rest():
+    params = sampling_params(request({"temperature": "0.5", "max_tokens": "7"}, temperature=np.float32(0.0)), 64)
+    assert (params.temperature, params.max_tokens) == (0.0, 7)
+    defaults = sampling_params(request(), 64)
+    assert (defaults.max_tokens, defaults.temperature, defaults.stop_token_ids, defaults.logprobs) == (64, 0.0, None, False)
+    assert sampling_params(request(return_cumulative_logprob=True), 64).logprobs
+    assert sampling_params(request({"stop_token_ids": [5, "6"]}), 64).stop_token_ids == (5, 6)
+
+
+@pytest.mark.parametrize("sampling_parameters, message", [
+    ({"temprature": 0.1}, r"unsupported keys \['temprature'\]"),
+    ({"max_tokens": "many"}, r"'max_tokens' has an unusable value 'many'"),
+    ({"n": 2}, "only n = 1"),
+    ({"ignore_eos": "perhaps"}, "'ignore_eos' has an unusable value"),
+])
+def test_bad_sampling_parameters_are_named(sampling_parameters, message):
+    with pytest.raises(InputError, match=message):
+        sampling_params(request(sampling_parameters), 64)
+
+
+def test_sampling_parameters_must_be_a_json_object():
+    bad = {"sampling_parameters": fake_pb_utils.Tensor("sampling_parameters", np.array([[b"{oops"]], dtype=np.object_))}
+    with pytest.raises(InputError, match="not valid JSON"):
+        sampling_params(bad, 64)

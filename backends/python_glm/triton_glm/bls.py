@@ -20,7 +20,10 @@ GLM_INPUTS = {"max_tokens": "request_output_len", "exclude_input_in_output": "ex
               "temperature": "temperature", "top_k": "runtime_top_k", "top_p": "runtime_top_p", "seed": "seed",
               "min_p": "min_p", "repetition_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
               "frequency_penalty": "frequency_penalty", "min_tokens": "min_tokens",
-              "end_id": "end_id", "ignore_eos": "ignore_eos", "return_log_probs": "return_log_probs", "pad_id": "pad_id"}
+              "end_id": "end_id", "ignore_eos": "ignore_eos", "return_log_probs": "return_log_probs", "pad_id": "pad_id",
+              **{name: name for name in ("sampling_parameters", "return_logprobs", "return_cumulative_logprob",
+                                         "return_finish_reason", "return_num_input_tokens",
+                                         "return_num_output_tokens")}}
 # The glm outputs that bls returns as they are (from the last response) or joined (log-probs).
 PASSED_THROUGH = ("finish_reason", "num_input_tokens", "num_output_tokens", "cum_log_probs")
 

@@ -15,6 +15,7 @@ from glm_engine.tokenizer import CompleteTextChunker, GlmTokenizer
 
 from .common import InputError, error_response, optional_scalar, required_array, resolve_model_dir
 from .metrics import EngineMetrics
+from .request_params import sampling_params
 
 log = logging.getLogger(__name__)
 
@@ -51,25 +52,7 @@ class GlmEngineModel:
         if not 0 < length <= ids.shape[1]:
             raise InputError(f"input_lengths must lie in [1, {ids.shape[1]}], got {length}: the prompt is empty "
                              "or shorter than stated")
-        end_id = optional_scalar(request, "end_id", None, int)
-        if optional_scalar(request, "ignore_eos", False, bool):
-            stop_token_ids = ()
-        else:
-            stop_token_ids = None if end_id is None else (end_id,)
-        params = SamplingParams(
-            max_tokens=optional_scalar(request, "request_output_len", self.config.default_max_tokens, int),
-            temperature=optional_scalar(request, "temperature", 0.0, float),
-            top_k=optional_scalar(request, "runtime_top_k", 0, int),
-            top_p=optional_scalar(request, "runtime_top_p", 1.0, float),
-            min_p=optional_scalar(request, "min_p", 0.0, float),
-            repetition_penalty=optional_scalar(request, "repetition_penalty", 1.0, float),
-            presence_penalty=optional_scalar(request, "presence_penalty", 0.0, float),
-            frequency_penalty=optional_scalar(request, "frequency_penalty", 0.0, float),
-            min_tokens=optional_scalar(request, "min_tokens", 0, int),
-            logprobs=optional_scalar(request, "return_log_probs", False, bool),
-            seed=optional_scalar(request, "seed", None, int),
-            stop_token_ids=stop_token_ids,
-        )
+        params = sampling_params(request, self.config.default_max_tokens)
         # pad_id is accepted for TensorRT-LLM clients; outputs are never padded, so it changes nothing.
         optional_scalar(request, "pad_id", None, int)
         streaming = optional_scalar(request, "streaming", False, bool)
