@@ -88,6 +88,23 @@ def test_min_tokens_bans_stop_tokens_until_reached():
     assert sample(logits.clone(), [enough])[0] == [1]
 
 
+def test_bad_words_ban_the_token_that_would_complete_them():
+    from glm_engine.sampler import adjusted_logits
+    logits = torch.zeros(6)
+    single = seq_with(SamplingParams(bad_words_ids=((3,),)), output=(1,))
+    assert adjusted_logits(logits, single)[3] == float("-inf")
+    pair = SamplingParams(bad_words_ids=((1, 4),))
+    assert adjusted_logits(logits, seq_with(pair, output=(2, 1)))[4] == float("-inf")  # "1" precedes: 4 banned
+    assert adjusted_logits(logits, seq_with(pair, output=(1, 2)))[4] == 0.0  # it does not: 4 allowed
+
+
+def test_bad_words_through_the_engine(engine):
+    free_run = engine.generate([PROMPT], SamplingParams(max_tokens=10, stop_token_ids=()))[0]
+    banned = free_run[3]
+    steered = engine.generate([PROMPT], SamplingParams(max_tokens=10, stop_token_ids=(), bad_words_ids=((banned,),)))[0]
+    assert banned not in steered and steered[:3] == free_run[:3]
+
+
 def test_min_tokens_through_the_engine(engine):
     free_run = engine.generate([PROMPT], SamplingParams(max_tokens=10, stop_token_ids=()))[0]
     stop = free_run[0]  # would end the answer at once

@@ -184,15 +184,20 @@ def glm_inputs(demo_model_dir, prompt: str, max_tokens: int, streaming: bool):
     return inputs
 
 
-def test_end_id_stops_and_ignore_eos_overrides_it(triton_server, demo_model_dir):
+def first_generated_token(server, demo_model_dir, prompt: str) -> int:
+    """The first token the glm model generates for `prompt`, read from its own output_ids."""
     results: queue.Queue = queue.Queue()
-    client = grpcclient.InferenceServerClient(triton_server.grpc_url)
+    client = grpcclient.InferenceServerClient(server.grpc_url)
     client.start_stream(callback=lambda result, error: results.put((result, error)))
-    client.async_stream_infer("glm", glm_inputs(demo_model_dir, "Stop me", 12, streaming=False))
+    client.async_stream_infer("glm", glm_inputs(demo_model_dir, prompt, 12, streaming=False))
     result, error = results.get(timeout=60)
     client.stop_stream()
     assert error is None
-    first_token = int(result.as_numpy("output_ids").reshape(-1)[0])
+    return int(result.as_numpy("output_ids").reshape(-1)[0])
+
+
+def test_end_id_stops_and_ignore_eos_overrides_it(triton_server, demo_model_dir):
+    first_token = first_generated_token(triton_server, demo_model_dir, "Stop me")
 
     answer = generate_text(triton_server, "Stop me", max_tokens=12)
     stopped = generate(triton_server, text_input="Stop me", max_tokens=12, end_id=first_token,
@@ -243,6 +248,40 @@ def test_vllm_backend_request_style_works_unchanged(triton_server):
 
     response = generate(triton_server, text_input="hi", sampling_parameters=json.dumps({"best_of": 2}))
     assert response.status_code == 400 and "unsupported keys ['best_of']" in response.json()["error"]
+
+
+def test_stop_words_end_the_answer_before_them_on_every_path(triton_server):
+    answer = generate_text(triton_server, "Tell me more", max_tokens=32)
+    stop = answer[6:10]  # some text from the middle, wherever token boundaries fall
+    expected = answer[:answer.index(stop)]
+
+    body = generate(triton_server, text_input="Tell me more", max_tokens=32, stop_words=[stop],
+                    exclude_input_in_output=True).json()
+    assert body["text_output"] == expected and body["finish_reason"] == "stop"
+    pieces = generate_stream(triton_server, text_input="Tell me more", max_tokens=32, stop_words=[stop], stream=True)
+    assert "".join(pieces) == expected
+    vllm_style = generate(triton_server, text_input="Tell me more", exclude_input_in_output=True,
+                          sampling_parameters=json.dumps({"max_tokens": 32, "stop": stop})).json()
+    assert vllm_style["text_output"] == expected
+    echoed = generate(triton_server, text_input="Tell me more", max_tokens=32, stop_words=[stop]).json()
+    assert echoed["text_output"] == "Tell me more" + expected
+
+    client = httpclient.InferenceServerClient(triton_server.http_url)
+    words = httpclient.InferInput("stop_words", [1, 1], "BYTES")
+    words.set_data_from_numpy(np.array([[stop.encode()]], dtype=np.object_))
+    result = client.infer("bls", [*ensemble_inputs(httpclient, "Tell me more", max_tokens=32,
+                                                   exclude_input_in_output=True), words])
+    assert result.as_numpy("text_output").reshape(-1)[0].decode() == expected
+
+
+def test_bad_words_change_the_answer(triton_server, demo_model_dir):
+    from glm_engine.tokenizer import GlmTokenizer
+
+    answer = generate_text(triton_server, "Say something", max_tokens=16)
+    first_word = GlmTokenizer(demo_model_dir).decode([first_generated_token(triton_server, demo_model_dir,
+                                                                            "Say something")])
+    steered = generate_text(triton_server, "Say something", max_tokens=16, bad_words=[first_word])
+    assert steered != answer and not steered.startswith(first_word)
 
 
 def test_penalties_reach_the_engine_through_ensemble_and_bls(triton_server):

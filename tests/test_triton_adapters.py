@@ -14,7 +14,7 @@ import fake_pb_utils
 fake_pb_utils.install(sys.modules)
 
 from glm_engine import FinishReason, RequestOutput  # noqa: E402
-from glm_engine.tokenizer import CompleteTextChunker, GlmTokenizer  # noqa: E402
+from glm_engine.tokenizer import GlmTokenizer  # noqa: E402
 from triton_glm.common import InputError  # noqa: E402
 from triton_glm.glm import ResponseStream  # noqa: E402
 from triton_glm.request_params import sampling_params  # noqa: E402
@@ -45,7 +45,7 @@ def output(tokens, finished=False, reason=None, error=None, logprobs=None):
 def test_stream_sends_whole_character_chunks_then_a_final_flag(tokenizer):
     ids = tokenizer.encode("龘靐齉 ok")[2:]
     sender = Sender()
-    stream = ResponseStream(sender, True, [], False, CompleteTextChunker(tokenizer))
+    stream = ResponseStream(sender, True, [], False, tokenizer)
     for i, token in enumerate(ids):
         last = i == len(ids) - 1
         assert stream.on_output(output([token], finished=last, reason=FinishReason.LENGTH if last else None))
@@ -57,7 +57,7 @@ def test_stream_sends_whole_character_chunks_then_a_final_flag(tokenizer):
 
 def test_single_response_echoes_the_prompt_and_closes(tokenizer):
     sender = Sender()
-    stream = ResponseStream(sender, False, [7, 8], True, CompleteTextChunker(tokenizer))
+    stream = ResponseStream(sender, False, [7, 8], True, tokenizer)
     stream.on_output(output([9]))
     assert sender.sent == []
     stream.on_output(output([10], finished=True, reason=FinishReason.STOP))
@@ -70,7 +70,7 @@ def test_single_response_echoes_the_prompt_and_closes(tokenizer):
 
 def test_a_cancelled_client_aborts_and_its_stream_is_closed(tokenizer):
     sender = Sender()
-    stream = ResponseStream(sender, True, [], False, CompleteTextChunker(tokenizer))
+    stream = ResponseStream(sender, True, [], False, tokenizer)
     sender.cancelled = True
     assert stream.on_output(output([5])) is False  # asks the engine to abort...
     assert sender.sent == []
@@ -80,7 +80,7 @@ def test_a_cancelled_client_aborts_and_its_stream_is_closed(tokenizer):
 
 def test_cancelled_on_the_last_output_still_closes_the_stream(tokenizer):
     sender = Sender()
-    stream = ResponseStream(sender, True, [], False, CompleteTextChunker(tokenizer))
+    stream = ResponseStream(sender, True, [], False, tokenizer)
     sender.cancelled = True
     stream.on_output(output([5], finished=True, reason=FinishReason.LENGTH))
     assert sender.sent == [(None, FINAL)]
@@ -88,7 +88,7 @@ def test_cancelled_on_the_last_output_still_closes_the_stream(tokenizer):
 
 def test_engine_errors_become_internal_error_responses(tokenizer):
     sender = Sender()
-    ResponseStream(sender, True, [], False, CompleteTextChunker(tokenizer)).on_output(
+    ResponseStream(sender, True, [], False, tokenizer).on_output(
         output([], finished=True, reason=FinishReason.ERROR, error="engine step failed: boom"))
     (response, flags), = sender.sent
     assert flags == FINAL and response.error.code == "INTERNAL" and "boom" in response.error.message
@@ -99,7 +99,7 @@ def test_log_probs_follow_their_tokens_through_held_back_chunks(tokenizer):
     ids = tokenizer.encode("龘 ok")[2:]  # the character spans several tokens, which are held back together
     logprobs = [-0.5 * (i + 1) for i in range(len(ids))]
     sender = Sender()
-    stream = ResponseStream(sender, True, [1, 2, 3], False, CompleteTextChunker(tokenizer))
+    stream = ResponseStream(sender, True, [1, 2, 3], False, tokenizer)
     for i, (token, logprob) in enumerate(zip(ids, logprobs)):
         last = i == len(ids) - 1
         stream.on_output(output([token], finished=last, reason=FinishReason.LENGTH if last else None,
@@ -123,19 +123,22 @@ def request(sampling_parameters=None, **tensors):
 
 
 def test_vllm_style_sampling_parameters_with_string_values():
-    params = sampling_params(request({"temperature": "0.5", "max_tokens": "7", "top_k": "-1", "top_p": 0.9,
-                                      "seed": "3", "ignore_eos": "true", "min_tokens": "2", "logprobs": 1}), 64)
+    params, stops = sampling_params(request({"temperature": "0.5", "max_tokens": "7", "top_k": "-1", "top_p": 0.9,
+                                             "seed": "3", "ignore_eos": "true", "min_tokens": "2", "logprobs": 1,
+                                             "stop": "END"}), 64)
+    assert stops == ["END"]
     assert (params.temperature, params.max_tokens, params.top_k, params.top_p, params.seed) == (0.5, 7, 0, 0.9, 3)
     assert params.stop_token_ids == () and params.min_tokens == 2 and params.logprobs
 
 
 def test_tensors_win_over_the_json_and_defaults_fill_the_rest():
-    params = sampling_params(request({"temperature": "0.5", "max_tokens": "7"}, temperature=np.float32(0.0)), 64)
+    params, _ = sampling_params(request({"temperature": "0.5", "max_tokens": "7"}, temperature=np.float32(0.0)), 64)
     assert (params.temperature, params.max_tokens) == (0.0, 7)
-    defaults = sampling_params(request(), 64)
+    defaults, stops = sampling_params(request(), 64)
+    assert stops == [] and defaults.bad_words_ids == ()
     assert (defaults.max_tokens, defaults.temperature, defaults.stop_token_ids, defaults.logprobs) == (64, 0.0, None, False)
-    assert sampling_params(request(return_cumulative_logprob=True), 64).logprobs
-    assert sampling_params(request({"stop_token_ids": [5, "6"]}), 64).stop_token_ids == (5, 6)
+    assert sampling_params(request(return_cumulative_logprob=True), 64)[0].logprobs
+    assert sampling_params(request({"stop_token_ids": [5, "6"]}), 64)[0].stop_token_ids == (5, 6)
 
 
 @pytest.mark.parametrize("sampling_parameters, message", [
@@ -143,6 +146,7 @@ def test_tensors_win_over_the_json_and_defaults_fill_the_rest():
     ({"max_tokens": "many"}, r"'max_tokens' has an unusable value 'many'"),
     ({"n": 2}, "only n = 1"),
     ({"ignore_eos": "perhaps"}, "'ignore_eos' has an unusable value"),
+    ({"stop": ["ok", 3]}, "'stop' must be a string or a list of strings"),
 ])
 def test_bad_sampling_parameters_are_named(sampling_parameters, message):
     with pytest.raises(InputError, match=message):
@@ -153,3 +157,56 @@ def test_sampling_parameters_must_be_a_json_object():
     bad = {"sampling_parameters": fake_pb_utils.Tensor("sampling_parameters", np.array([[b"{oops"]], dtype=np.object_))}
     with pytest.raises(InputError, match="not valid JSON"):
         sampling_params(bad, 64)
+
+
+def send_tokens(stream, ids):
+    for i, token in enumerate(ids):
+        last = i == len(ids) - 1
+        if stream.on_output(output([token], finished=last, reason=FinishReason.LENGTH if last else None)) is False:
+            return False
+    return True
+
+
+def sent_text(tokenizer, sender):
+    texts = []
+    for response, _ in sender.sent:
+        text = tokenizer.decode(response.outputs["output_ids"].reshape(-1).tolist())
+        limit = response.outputs["text_length"].item()
+        texts.append(text if limit < 0 else text[:limit])
+    return "".join(texts)
+
+
+@pytest.mark.parametrize("streaming", [True, False])
+def test_a_stop_string_across_tokens_ends_the_answer_and_is_not_sent(tokenizer, streaming):
+    text = "Some text, then 龘靐 STOP here and more after it"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    sender = Sender()
+    stream = ResponseStream(sender, streaming, [], False, tokenizer, ["靐 ST"])
+    assert send_tokens(stream, ids) is False  # it asks the engine to stop generating
+    assert sent_text(tokenizer, sender) == "Some text, then 龘"
+    assert sender.sent[-1][1] == FINAL and sender.sent[-1][0].outputs["finish_reason"].item() == b"stop"
+    assert stream.on_output(output([], finished=True, reason=FinishReason.CANCELLED)) is False  # the abort: ignored
+    assert sum(1 for _, flags in sender.sent if flags == FINAL) == 1
+
+
+def test_a_stop_string_counts_from_the_echoed_prompt(tokenizer):
+    prompt = tokenizer.encode("Prompt text. ")
+    ids = tokenizer.encode("Answer END ignored", add_special_tokens=False)
+    sender = Sender()
+    stream = ResponseStream(sender, False, prompt, True, tokenizer, ["END"])
+    send_tokens(stream, ids)
+    assert sent_text(tokenizer, sender) == "Prompt text. Answer "
+
+
+def test_without_a_stop_string_everything_held_back_is_sent(tokenizer):
+    ids = tokenizer.encode("ends with EN", add_special_tokens=False)
+    sender = Sender()
+    send_tokens(ResponseStream(sender, True, [], False, tokenizer, ["END"]), ids)
+    assert sent_text(tokenizer, sender) == "ends with EN"
+    assert sender.sent[-1][0].outputs["finish_reason"].item() == b"length"
+
+
+def test_bad_words_are_tokenized_with_and_without_a_leading_space(tokenizer):
+    params, _ = sampling_params(request(bad_words=np.array([b"hello"], dtype=np.object_)), 64, tokenizer)
+    assert params.bad_words_ids == (tuple(tokenizer.encode("hello", add_special_tokens=False)),
+                                    tuple(tokenizer.encode(" hello", add_special_tokens=False)))

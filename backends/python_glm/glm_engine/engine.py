@@ -74,6 +74,8 @@ class LLMEngine:
             raise ValueError(f"prompt token ids must lie in [0, {vocab}), got {bad[:5]}")
         if params.stop_token_ids and any(not 0 <= t < vocab for t in params.stop_token_ids):
             raise ValueError(f"end_id must lie in [0, {vocab}), got {list(params.stop_token_ids)}")
+        if any(not word or not all(0 <= t < vocab for t in word) for word in params.bad_words_ids):
+            raise ValueError(f"bad words must be non-empty token sequences in [0, {vocab})")
         total = len(prompt_token_ids) + params.max_tokens
         if total > self.max_model_len:
             raise ValueError(f"the prompt ({len(prompt_token_ids)} tokens) plus max_tokens ({params.max_tokens}) "

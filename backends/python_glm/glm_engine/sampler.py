@@ -1,7 +1,7 @@
 """Turning each sequence's last logits into its next token.
 
-Order, per sequence: penalties (repetition, presence, frequency) and the min_tokens ban on end-of-sequence
-tokens adjust the logits; then greedy takes the best, or sampling divides by the temperature, filters by top-k,
+Order, per sequence: penalties (repetition, presence, frequency), bad words and the min_tokens ban on
+end-of-sequence tokens adjust the logits; then greedy takes the best, or sampling divides by the temperature, filters by top-k,
 top-p and min-p, and draws from the sequence's own generator, seeded once per request, so a seed gives the same
 tokens whatever else is in the batch.
 """
@@ -18,7 +18,7 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[
     """logits: [len(seqs), vocab] float32 -> one token id per sequence, and its log-probability for the sequences
     that asked (None for the others). Penalties adjust `logits` in place."""
     for row, seq in enumerate(seqs):
-        if seq.params.penalized or seq.num_output_tokens < seq.params.min_tokens:
+        if seq.params.adjusts_logits or seq.num_output_tokens < seq.params.min_tokens:
             logits[row] = adjusted_logits(logits[row], seq)
     tokens = logits.argmax(dim=-1)
     for row, seq in enumerate(seqs):
@@ -58,6 +58,9 @@ def adjusted_logits(row: torch.Tensor, seq: Sequence) -> torch.Tensor:
         output = torch.tensor(seq.output_token_ids, device=row.device)
         counts = torch.bincount(output, minlength=row.shape[0]).to(row.dtype)
         row -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).to(row.dtype)
+    for word in params.bad_words_ids:
+        if len(word) == 1 or tuple(seq.token_ids[-(len(word) - 1):]) == word[:-1]:
+            row[word[-1]] = float("-inf")
     if seq.num_output_tokens < params.min_tokens and seq.stop_token_ids:
         row[torch.tensor(sorted(seq.stop_token_ids), device=row.device)] = float("-inf")
     return row

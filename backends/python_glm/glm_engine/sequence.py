@@ -37,6 +37,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     # End-of-sequence tokens cannot be sampled before this many tokens are out.
     min_tokens: int = 0
+    # Token sequences that must never be generated: the last token of each is banned when the others precede it.
+    bad_words_ids: tuple[tuple[int, ...], ...] = ()
     # Report each new token's log-probability under the model's distribution (after penalties, before the
     # temperature and the filters).
     logprobs: bool = False
@@ -50,8 +52,9 @@ class SamplingParams:
         return self.temperature == 0.0 or self.top_k == 1
 
     @property
-    def penalized(self) -> bool:
-        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+    def adjusts_logits(self) -> bool:
+        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or bool(self.bad_words_ids))
 
     def validate(self) -> None:
         """Raise ValueError naming the setting that is out of range."""

@@ -36,8 +36,9 @@ class GlmTokenizer:
     def vocab_size(self) -> int:
         return self._tokenizer.get_vocab_size()
 
-    def encode(self, text: str) -> list[int]:
-        return self._tokenizer.encode(text).ids
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """With add_special_tokens, the checkpoint's prompt prefix is added (GLM-4: [gMASK]<sop>)."""
+        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self._tokenizer.encode_batch(texts)]
@@ -81,3 +82,41 @@ class CompleteTextChunker:
         """The stream is over: whatever is still held back, undecodable bytes included."""
         ready, self._pending = self._pending, []
         return ready
+
+
+class StopStringFilter:
+    """Finds stop strings in streamed text, even when one spans several chunks, so that it is never sent.
+
+    Chunks (token ids with their text, whole characters) come in; whatever could still be the start of a stop
+    string is held back. When a stop string appears, the chunks covering the text before it are released with
+    the number of characters of their text to keep, since a stop string may begin inside a token.
+    """
+
+    def __init__(self, stop_strings: list[str]):
+        self.stop_strings = [s for s in stop_strings if s]
+        self._held: list[tuple[list[int], str]] = []
+
+    def push(self, token_ids: list[int], text: str) -> tuple[list[int], int | None, bool]:
+        """Returns (ids to send, characters of their text to keep or None for all, whether a stop string ended it)."""
+        self._held.append((token_ids, text))
+        held_text = "".join(t for _, t in self._held)
+        found = [held_text.find(s) for s in self.stop_strings if s in held_text]
+        if found:
+            keep = min(found)
+            return self._release(lambda covered, _: covered < keep), keep, True
+        # Hold back the longest tail of the text that is the beginning of some stop string.
+        partial = max((n for s in self.stop_strings for n in range(1, len(s)) if held_text.endswith(s[:n])),
+                      default=0)
+        safe = len(held_text) - partial
+        return self._release(lambda covered, chunk_text: covered + len(chunk_text) <= safe), None, False
+
+    def flush(self) -> list[int]:
+        return self._release(lambda covered, _: True)
+
+    def _release(self, take) -> list[int]:
+        released, covered = [], 0
+        while self._held and take(covered, self._held[0][1]):
+            ids, text = self._held.pop(0)
+            released += ids
+            covered += len(text)
+        return released

@@ -20,7 +20,7 @@ GLM_INPUTS = {"max_tokens": "request_output_len", "exclude_input_in_output": "ex
               "temperature": "temperature", "top_k": "runtime_top_k", "top_p": "runtime_top_p", "seed": "seed",
               "min_p": "min_p", "repetition_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
               "frequency_penalty": "frequency_penalty", "min_tokens": "min_tokens",
-              "end_id": "end_id", "ignore_eos": "ignore_eos", "return_log_probs": "return_log_probs", "pad_id": "pad_id",
+              "end_id": "end_id", "ignore_eos": "ignore_eos", "stop_words": "stop_words", "bad_words": "bad_words", "return_log_probs": "return_log_probs", "pad_id": "pad_id",
               **{name: name for name in ("sampling_parameters", "return_logprobs", "return_cumulative_logprob",
                                          "return_finish_reason", "return_num_input_tokens",
                                          "return_num_output_tokens")}}
@@ -58,9 +58,10 @@ class Bls:
                 inputs.append(pb_utils.Tensor(glm_name, tensor.as_numpy()))
         engine_request = pb_utils.InferenceRequest(
             model_name=self.engine_model, inputs=inputs,
-            requested_output_names=["output_ids", "output_log_probs", *PASSED_THROUGH])
+            requested_output_names=["output_ids", "output_log_probs", "text_length", *PASSED_THROUGH])
         token_ids: list[int] = []
         logprobs: list[float] = []
+        text_length = -1
         last = {}
         for response in engine_request.exec(decoupled=True):
             if response.has_error():
@@ -69,8 +70,11 @@ class Bls:
                 continue
             token_ids += pb_utils.get_output_tensor_by_name(response, "output_ids").as_numpy().reshape(-1).tolist()
             logprobs += pb_utils.get_output_tensor_by_name(response, "output_log_probs").as_numpy().reshape(-1).tolist()
+            text_length = int(pb_utils.get_output_tensor_by_name(response, "text_length").as_numpy().reshape(-1)[0])
             last = {name: pb_utils.get_output_tensor_by_name(response, name).as_numpy() for name in PASSED_THROUGH}
-        text = np.array([[self.tokenizer.decode(token_ids).encode("utf-8")]], dtype=np.object_)
+        # glm answers once (streaming is off), so its text_length, if any, counts over all of token_ids.
+        text = self.tokenizer.decode(token_ids)
+        text = np.array([[(text if text_length < 0 else text[:text_length]).encode("utf-8")]], dtype=np.object_)
         return pb_utils.InferenceResponse(output_tensors=[
             pb_utils.Tensor("text_output", text),
             pb_utils.Tensor("output_log_probs", np.array(logprobs, dtype=np.float32).reshape(1, 1, -1)),

@@ -11,7 +11,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from glm_engine import EngineConfig, EngineThread, FinishReason, LLMEngine, RequestOutput, SamplingParams
-from glm_engine.tokenizer import CompleteTextChunker, GlmTokenizer
+from glm_engine.tokenizer import CompleteTextChunker, GlmTokenizer, StopStringFilter
 
 from .common import InputError, error_response, optional_scalar, required_array, resolve_model_dir
 from .metrics import EngineMetrics
@@ -35,15 +35,15 @@ class GlmEngineModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                prompt, params, streaming, echo_prompt = self._parse(request)
-                stream = ResponseStream(sender, streaming, prompt, echo_prompt, CompleteTextChunker(self.tokenizer),
+                prompt, params, stop_strings, streaming, echo_prompt = self._parse(request)
+                stream = ResponseStream(sender, streaming, prompt, echo_prompt, self.tokenizer, stop_strings,
                                         self.metrics)
                 self.engine_thread.submit(f"r{next(self._request_ids)}", prompt, params, stream.on_output)
             except ValueError as exc:  # InputError, or the engine's own checks
                 sender.send(error_response(str(exc)), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
 
-    def _parse(self, request) -> tuple[list[int], SamplingParams, bool, bool]:
+    def _parse(self, request) -> tuple[list[int], SamplingParams, list[str], bool, bool]:
         ids = required_array(request, "input_ids")
         lengths = required_array(request, "input_lengths")
         if ids.ndim != 2 or ids.shape[0] != 1 or lengths.size != 1:
@@ -52,13 +52,13 @@ class GlmEngineModel:
         if not 0 < length <= ids.shape[1]:
             raise InputError(f"input_lengths must lie in [1, {ids.shape[1]}], got {length}: the prompt is empty "
                              "or shorter than stated")
-        params = sampling_params(request, self.config.default_max_tokens)
+        params, stop_strings = sampling_params(request, self.config.default_max_tokens, self.tokenizer)
         # pad_id is accepted for TensorRT-LLM clients; outputs are never padded, so it changes nothing.
         optional_scalar(request, "pad_id", None, int)
         streaming = optional_scalar(request, "streaming", False, bool)
         exclude_input = optional_scalar(request, "exclude_input_in_output", False, bool)
         # As in TensorRT-LLM, a stream carries only new tokens; a single response echoes the prompt unless excluded.
-        return ids[0, :length].tolist(), params, streaming, not (exclude_input or streaming)
+        return ids[0, :length].tolist(), params, stop_strings, streaming, not (exclude_input or streaming)
 
     def finalize(self):
         self.engine_thread.shutdown()
@@ -67,75 +67,99 @@ class GlmEngineModel:
 class ResponseStream:
     """One request's responses. Streaming: a response whenever new tokens complete some text; otherwise one
     response with everything at the end. The last response carries the final flag. Every response has all the
-    outputs: finish_reason is empty until the last one; counts and log-probs cover the tokens sent so far."""
+    outputs: finish_reason is empty until the last one; counts and log-probs cover the tokens sent so far.
 
-    def __init__(self, sender, streaming: bool, prompt: list[int], echo_prompt: bool, chunker: CompleteTextChunker,
-                 metrics: EngineMetrics | None = None):
+    Generated tokens pass through two gates before they are sent: whole characters only (CompleteTextChunker),
+    then nothing that could be the start of a stop string (StopStringFilter). A stop string ends the request
+    (finish_reason "stop"); its text and what follows are cut off by `text_length`."""
+
+    def __init__(self, sender, streaming: bool, prompt: list[int], echo_prompt: bool, tokenizer: GlmTokenizer,
+                 stop_strings: list[str] = (), metrics: EngineMetrics | None = None):
         self.sender = sender
         self.streaming = streaming
         self.num_input_tokens = len(prompt)
         self.echo = list(prompt) if echo_prompt else []
-        self.chunker = chunker
+        self.tokenizer = tokenizer
+        self.chunker = CompleteTextChunker(tokenizer)
+        self.stop_filter = StopStringFilter(list(stop_strings)) if stop_strings else None
         self.metrics = metrics
         self.unsent_ids: list[int] = []  # streaming off: the whole answer, sent at the end
         self.unsent_logprobs: list[float] = []  # log-probs of generated tokens not sent yet (with return_log_probs)
         self.num_sent = 0
         self.cum_logprob = 0.0
+        self.closed = False  # the final response is out
         self.arrival = self.last_token_time = time.monotonic()
         self.num_tokens = 0
 
     def on_output(self, output: RequestOutput) -> bool:
         """Called on the engine thread; returning False asks the engine to abort the request."""
-        self._observe(output)
+        if self.closed:  # a stop string ended it: what the engine still reports (the abort) is not news
+            return False
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         if output.error:
+            self._observe(output.new_token_ids, "error")
             self.sender.send(error_response(output.error, internal=True), flags=final)
             return False
         if output.finish_reason is FinishReason.CANCELLED or self.sender.is_cancelled():
             # Close the stream now if this was its last output; otherwise the abort brings a CANCELLED one.
             if output.finished:
+                self._observe(output.new_token_ids, "cancelled")
                 self.sender.send(flags=final)
             return False
-        self.unsent_logprobs += output.new_logprobs or []
-        if self.streaming:
-            ready = self.chunker.push(output.new_token_ids)
-            if output.finished:
-                ready += self.chunker.flush()
-            if ready or output.finished:
-                self._send(ready, len(ready), output)
-        else:
-            self.unsent_ids += output.new_token_ids
-            if output.finished:
-                self._send(self.echo + self.unsent_ids, len(self.unsent_ids), output)
-        return True
 
-    def _observe(self, output: RequestOutput) -> None:
+        self.unsent_logprobs += output.new_logprobs or []
+        ready = self.chunker.push(output.new_token_ids)
+        if output.finished:
+            ready += self.chunker.flush()
+        keep_chars, stopped = None, False
+        if self.stop_filter is not None:
+            ready, keep_chars, stopped = self.stop_filter.push(ready, self.tokenizer.decode(ready))
+            if output.finished and not stopped:
+                ready += self.stop_filter.flush()
+        finished = output.finished or stopped
+        reason = "stop" if stopped else (output.finish_reason.value if output.finished else "")
+        self._observe(output.new_token_ids, reason if finished else None)
+
+        if self.streaming:
+            if ready or finished:
+                self._send(ready, len(ready), keep_chars, reason, finished)
+        else:
+            previous = self.unsent_ids
+            self.unsent_ids = previous + ready
+            if finished:
+                if keep_chars is not None:  # count from the start of the whole text, prompt echo included
+                    keep_chars += len(self.tokenizer.decode(self.echo + previous))
+                self._send(self.echo + self.unsent_ids, len(self.unsent_ids), keep_chars, reason, True)
+        self.closed = finished
+        return not stopped
+
+    def _observe(self, new_token_ids: list[int], finish_reason: str | None) -> None:
         if self.metrics is None:
             return
         now = time.monotonic()
-        if output.new_token_ids:
+        if new_token_ids:
             self.metrics.observe("itl" if self.num_tokens else "ttft", now - self.last_token_time)
-            self.num_tokens += len(output.new_token_ids)
+            self.num_tokens += len(new_token_ids)
             self.last_token_time = now
-        if output.finished:
+        if finish_reason is not None:
             self.metrics.observe("latency", now - self.arrival)
-            reason = output.finish_reason or FinishReason.ERROR
-            self.metrics.finish(reason.value)
+            self.metrics.finish(finish_reason)
 
-    def _send(self, token_ids: list[int], num_generated: int, output: RequestOutput) -> None:
-        """Send token_ids, whose last num_generated are generated tokens not sent before."""
+    def _send(self, token_ids: list[int], num_generated: int, keep_chars: int | None, reason: str,
+              final: bool) -> None:
+        """Send token_ids, whose last num_generated are generated tokens not sent before; keep_chars of their text."""
         logprobs = self.unsent_logprobs[:num_generated]
         del self.unsent_logprobs[:num_generated]
         self.num_sent += num_generated
         self.cum_logprob += sum(logprobs)
-        reason = output.finish_reason.value if output.finished and output.finish_reason else ""
         response = pb_utils.InferenceResponse(output_tensors=[
             pb_utils.Tensor("output_ids", np.array(token_ids, dtype=np.int32).reshape(1, 1, -1)),
             pb_utils.Tensor("sequence_length", np.array([[len(token_ids)]], dtype=np.int32)),
+            pb_utils.Tensor("text_length", np.array([[-1 if keep_chars is None else keep_chars]], dtype=np.int32)),
             pb_utils.Tensor("finish_reason", np.array([[reason.encode()]], dtype=np.object_)),
             pb_utils.Tensor("num_input_tokens", np.array([[self.num_input_tokens]], dtype=np.int32)),
             pb_utils.Tensor("num_output_tokens", np.array([[self.num_sent]], dtype=np.int32)),
             pb_utils.Tensor("output_log_probs", np.array(logprobs, dtype=np.float32).reshape(1, 1, -1)),
             pb_utils.Tensor("cum_log_probs", np.array([[self.cum_logprob]], dtype=np.float32)),
         ])
-        self.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if output.finished else 0)
+        self.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)

@@ -30,6 +30,10 @@ class Postprocessing:
         sequences = [tokens[b, k, :lengths[b, k]].tolist()
                      for b in range(tokens.shape[0]) for k in range(tokens.shape[1])]
         texts = self.tokenizer.decode_batch(sequences)
+        text_lengths = pb_utils.get_input_tensor_by_name(request, "TEXT_LENGTH")
+        if text_lengths is not None:
+            limits = text_lengths.as_numpy().reshape(-1).tolist()
+            texts = [text if limit < 0 else text[:limit] for text, limit in zip(texts, limits)]
         output = np.array([t.encode("utf-8") for t in texts], dtype=np.object_).reshape(lengths.shape)
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT", output)])
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import triton_python_backend_utils as pb_utils
+
 from glm_engine import SamplingParams
 
 from .common import InputError, as_text, optional_scalar
@@ -40,7 +42,7 @@ SETTINGS = {
     "seed": ("seed", "seed", int),
 }
 # sampling_parameters keys handled apart from SETTINGS.
-OTHER_KEYS = ("ignore_eos", "stop_token_ids", "logprobs", "n")
+OTHER_KEYS = ("ignore_eos", "stop_token_ids", "logprobs", "n", "stop", "bad_words")
 # Tensor switches that turn on log-probabilities (ours, and vllm_backend's two).
 LOGPROB_SWITCHES = ("return_log_probs", "return_logprobs", "return_cumulative_logprob")
 
@@ -62,8 +64,22 @@ def sampling_parameters_json(request) -> dict:
     return parsed
 
 
-def sampling_params(request, default_max_tokens: int) -> SamplingParams:
-    """Raises InputError naming the input (or JSON key) whose value cannot be read; ranges are checked later."""
+def word_list(request, from_json: dict, name: str, key: str) -> list[str]:
+    """Strings from a STRING [-1] input, else from the JSON (a string or a list of them)."""
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is not None:
+        return [as_text(v) for v in tensor.as_numpy().reshape(-1)]
+    value = from_json.get(key, [])
+    words = [value] if isinstance(value, str) else value
+    if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+        raise InputError(f"sampling_parameters: {key!r} must be a string or a list of strings")
+    return words
+
+
+def sampling_params(request, default_max_tokens: int, tokenizer=None) -> tuple[SamplingParams, list[str]]:
+    """The request's SamplingParams and stop strings. Bad words are tokenized with `tokenizer`, with and without a
+    leading space, as a word may be tokenized either way. Raises InputError naming the input (or JSON key) whose
+    value cannot be read; ranges are checked later, by the engine."""
     from_json = sampling_parameters_json(request)
 
     def json_value(key, cast):
@@ -96,4 +112,9 @@ def sampling_params(request, default_max_tokens: int) -> SamplingParams:
     logprobs = any(optional_scalar(request, name, False, bool) for name in LOGPROB_SWITCHES)
     if "logprobs" in from_json:
         logprobs = logprobs or json_value("logprobs", int) > 0
-    return SamplingParams(**values, stop_token_ids=stop_token_ids, logprobs=logprobs)
+    stop_strings = word_list(request, from_json, "stop_words", "stop")
+    bad_words = [w for w in word_list(request, from_json, "bad_words", "bad_words") if w]
+    bad_words_ids = tuple(dict.fromkeys(tuple(tokenizer.encode(variant, add_special_tokens=False))
+                                        for word in bad_words for variant in (word, " " + word)))
+    params = SamplingParams(**values, stop_token_ids=stop_token_ids, logprobs=logprobs, bad_words_ids=bad_words_ids)
+    return params, stop_strings
