@@ -6,8 +6,12 @@ import os
 import socket
 import sys
 
-import pytest
-import torch
+# Triton-language kernels run on the CPU through Triton's interpreter in tests. Triton reads this when it is
+# imported and when a kernel runs, so it is set for the whole session, before anything imports triton.
+os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "backends", "python_glm"))

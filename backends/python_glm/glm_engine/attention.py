@@ -23,6 +23,8 @@ class AttentionMetadata:
     token_offset: torch.Tensor  # [tokens] its index among that sequence's new tokens
     max_query_len: int
     max_context_len: int
+    # Decode-only steps may use the Triton-language kernel (see ModelRunner for when).
+    use_decode_kernel: bool = False
 
 
 def write_kv(k_cache, v_cache, k, v, slot_mapping) -> None:
@@ -33,6 +35,10 @@ def write_kv(k_cache, v_cache, k, v, slot_mapping) -> None:
 
 def paged_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """q: [tokens, heads, head_dim] -> [tokens, heads, head_dim], causal within each sequence."""
+    if meta.use_decode_kernel and meta.max_query_len == 1:
+        from .triton_attention import paged_decode_attention  # one token per sequence, in order
+
+        return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)
     num_seqs = meta.query_lens.shape[0]
     block_size = k_cache.shape[1]
     num_blocks = -(-meta.max_context_len // block_size)

@@ -117,6 +117,9 @@ class EngineConfig:
     # Most sequences in one batch, and most tokens (prefill and decode together) in one step.
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
+    # Decode attention: "auto" (the Triton-language kernel on CUDA when `triton` is installed, else torch),
+    # "torch", or "triton" (the kernel on any device: on the CPU only under TRITON_INTERPRET=1, for tests).
+    attention_backend: str = "auto"
     # Reuse the KV blocks of prompt prefixes seen before (shared system prompts cost one prefill).
     enable_prefix_caching: bool = True
     # Longest prompt plus output; 0 means the checkpoint's max_position_embeddings.
@@ -155,6 +158,8 @@ class EngineConfig:
             raise ValueError("num_kv_blocks and max_model_len must not be negative")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must lie in (0, 1], got {self.gpu_memory_utilization}")
+        if self.attention_backend not in ("auto", "torch", "triton"):
+            raise ValueError(f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
 

@@ -21,6 +21,21 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def decode_kernel_wanted(backend: str, device: torch.device) -> bool:
+    if backend == "torch":
+        return False
+    if backend == "triton":
+        return True
+    if device.type != "cuda":
+        return False
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        log.warning("triton is not installed: decode attention uses the torch path")
+        return False
+    return True
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name != "auto":
         return getattr(torch, name)
@@ -37,6 +52,7 @@ class ModelRunner:
         self.dtype = resolve_dtype(config.dtype, self.device)
         if config.cpu_threads:
             torch.set_num_threads(config.cpu_threads)
+        self.use_decode_kernel = decode_kernel_wanted(config.attention_backend, self.device)
 
         # Built on the meta device so no memory is spent on random initial weights, then filled from the files.
         with torch.device("meta"):
@@ -51,8 +67,10 @@ class ModelRunner:
             model_config.num_kv_heads, model_config.head_dim, dtype=self.dtype, device=self.device,
         )
         self.kv_caches = [(layer[0], layer[1]) for layer in self.kv_cache]
-        log.info("model on %s (%s), KV cache %d blocks of %d tokens (%.1f MiB)", self.device, self.dtype,
-                 self.num_blocks, self.block_size, self.kv_cache.numel() * self.kv_cache.element_size() / 2**20)
+        log.info("model on %s (%s), KV cache %d blocks of %d tokens (%.1f MiB), decode attention: %s", self.device,
+                 self.dtype, self.num_blocks, self.block_size,
+                 self.kv_cache.numel() * self.kv_cache.element_size() / 2**20,
+                 "Triton kernel" if self.use_decode_kernel else "torch")
 
     def bytes_per_block(self) -> int:
         mc = self.model_config
@@ -104,6 +122,7 @@ class ModelRunner:
             token_offset=tensor(token_offset),
             max_query_len=max(query_lens),
             max_context_len=max(context_lens),
+            use_decode_kernel=self.use_decode_kernel,
         )
         hidden = self.model(tensor(input_ids), tensor(positions), self.kv_caches, meta)
         return self.model.logits(hidden[tensor(last_token_rows)])

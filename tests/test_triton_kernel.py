@@ -1,0 +1,62 @@
+"""The Triton-language paged-attention decode kernel against the torch path, on random block layouts.
+
+Run on the CPU through Triton's interpreter (conftest.py sets TRITON_INTERPRET=1 for the session, since Triton
+reads it both when imported and when a kernel runs); on CUDA the same kernel is compiled. Skipped where the `triton` package is missing."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+assert os.environ.get("TRITON_INTERPRET") == "1", "conftest.py sets it before triton is imported"
+
+from glm_engine.attention import AttentionMetadata, paged_attention  # noqa: E402
+from glm_engine.triton_attention import paged_decode_attention  # noqa: E402
+
+
+def random_decode_batch(seed, num_seqs, num_heads, num_kv_heads, head_dim, block_size, num_blocks, max_context):
+    generator = torch.Generator().manual_seed(seed)
+    k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=generator)
+    v_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=generator)
+    context_lens = torch.randint(1, max_context + 1, (num_seqs,), generator=generator)
+    max_blocks = -(-int(context_lens.max()) // block_size)
+    # Each sequence gets distinct blocks in a random order, as a fragmented pool would give them.
+    order = torch.randperm(num_blocks, generator=generator)[: num_seqs * max_blocks]
+    block_tables = order.view(num_seqs, max_blocks)
+    q = torch.randn(num_seqs, num_heads, head_dim, generator=generator)
+    return q, k_cache, v_cache, block_tables, context_lens
+
+
+@pytest.mark.parametrize("seed, num_heads, num_kv_heads, head_dim, block_size", [
+    (0, 4, 2, 16, 4),
+    (1, 8, 2, 32, 16),
+    (2, 4, 4, 16, 8),  # no grouping
+    (3, 8, 1, 64, 16),  # one KV head for all (multi-query)
+])
+def test_decode_kernel_matches_the_torch_path(seed, num_heads, num_kv_heads, head_dim, block_size):
+    q, k_cache, v_cache, tables, context_lens = random_decode_batch(
+        seed, num_seqs=5, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+        block_size=block_size, num_blocks=64, max_context=45)
+    scale = head_dim ** -0.5
+    meta = AttentionMetadata(
+        slot_mapping=torch.zeros(5, dtype=torch.long), block_tables=tables, query_lens=torch.ones(5, dtype=torch.long),
+        context_lens=context_lens, token_seq=torch.arange(5), token_offset=torch.zeros(5, dtype=torch.long),
+        max_query_len=1, max_context_len=int(context_lens.max()))
+    expected = paged_attention(q, k_cache, v_cache, meta, scale)
+    got = paged_decode_attention(q, k_cache, v_cache, tables, context_lens, scale)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_the_engine_decodes_through_the_kernel_as_transformers_does(tiny_model):
+    from test_engine_vs_transformers import GREEDY, assert_matches_reference, prompts, run_all
+
+    from glm_engine import EngineConfig, LLMEngine
+
+    model_dir, model = tiny_model
+    engine = LLMEngine(EngineConfig(model_dir=model_dir, block_size=8, num_kv_blocks=64, attention_backend="triton"))
+    assert engine.runner.use_decode_kernel
+    requests = {f"k{i}": p for i, p in enumerate(prompts((3, 17, 9), seed=11))}
+    assert_matches_reference(model, requests, run_all(engine, requests), max_tokens=GREEDY.max_tokens)
