@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import queue
-import statistics
 import sys
 import tempfile
 import threading
