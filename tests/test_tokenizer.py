@@ -33,8 +33,10 @@ def test_streamed_chunks_decode_alone_to_the_whole_text(tokenizer):
     assert naive != CHINESE  # decoding each token alone garbles it (TensorRT-LLM backend issue #332)
 
     chunker = CompleteTextChunker(tokenizer)
-    chunks = [chunker.push([t]) for t in ids] + [chunker.flush()]
+    pushed = [chunker.push([t]) for t in ids] + [chunker.flush()]
+    chunks = [chunk for chunk, _ in pushed]
     texts = [tokenizer.decode(chunk) for chunk in chunks if chunk]
+    assert [text for chunk, text in pushed if chunk] == texts  # the text it reports is the chunk's own
     assert "".join(texts) == CHINESE
     assert not any(REPLACEMENT_CHAR in text for text in texts)
     assert sum(len(chunk) for chunk in chunks) == len(ids)
@@ -43,8 +45,8 @@ def test_streamed_chunks_decode_alone_to_the_whole_text(tokenizer):
 def test_undecodable_bytes_are_released_at_the_end(tokenizer):
     lone_lead_byte = [t for t in range(tokenizer.vocab_size) if tokenizer.decode([t]) == REPLACEMENT_CHAR][0]
     chunker = CompleteTextChunker(tokenizer)
-    assert chunker.push([lone_lead_byte]) == []
-    assert chunker.flush() == [lone_lead_byte]
+    assert chunker.push([lone_lead_byte]) == ([], "")
+    assert chunker.flush() == ([lone_lead_byte], REPLACEMENT_CHAR)
 
 
 def test_stop_string_filter_holds_back_what_could_start_one():

@@ -66,22 +66,23 @@ class CompleteTextChunker:
         self._tokenizer = tokenizer
         self._pending: list[int] = []  # always starts on a character boundary
 
-    def push(self, token_ids: list[int]) -> list[int]:
-        """Add new tokens; return those that are now safe to decode (possibly none)."""
+    def push(self, token_ids: list[int]) -> tuple[list[int], str]:
+        """Add new tokens; return those that are now safe to decode (possibly none), with their text."""
         self._pending += token_ids
         # The longest prefix whose text does not end inside a character. Cutting there is exact, because text
         # that ends on a whole character never changes when more bytes follow.
         shortest = max(0, len(self._pending) - _MAX_UNFINISHED_TOKENS)
         for cut in range(len(self._pending), shortest, -1):
-            if not self._tokenizer.decode(self._pending[:cut]).endswith(REPLACEMENT_CHAR):
+            text = self._tokenizer.decode(self._pending[:cut])
+            if not text.endswith(REPLACEMENT_CHAR):
                 ready, self._pending = self._pending[:cut], self._pending[cut:]
-                return ready
-        return []
+                return ready, text
+        return [], ""
 
-    def flush(self) -> list[int]:
-        """The stream is over: whatever is still held back, undecodable bytes included."""
+    def flush(self) -> tuple[list[int], str]:
+        """The stream is over: whatever is still held back, undecodable bytes included, with its text."""
         ready, self._pending = self._pending, []
-        return ready
+        return ready, self._tokenizer.decode(ready)
 
 
 class StopStringFilter:

@@ -108,12 +108,13 @@ class ResponseStream:
             return False
 
         self.unsent_logprobs += output.new_logprobs or []
-        ready = self.chunker.push(output.new_token_ids)
+        ready, text = self.chunker.push(output.new_token_ids)
         if output.finished:
-            ready += self.chunker.flush()
+            rest, rest_text = self.chunker.flush()
+            ready, text = ready + rest, text + rest_text
         keep_chars, stopped = None, False
         if self.stop_filter is not None:
-            ready, keep_chars, stopped = self.stop_filter.push(ready, self.tokenizer.decode(ready))
+            ready, keep_chars, stopped = self.stop_filter.push(ready, text)
             if output.finished and not stopped:
                 ready += self.stop_filter.flush()
         finished = output.finished or stopped
