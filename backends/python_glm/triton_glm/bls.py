@@ -15,15 +15,10 @@ from glm_engine.tokenizer import GlmTokenizer
 from .common import InputError, as_text, check_prompt, error_response, optional_scalar, required_array, \
     resolve_model_dir
 
-# The bls input name -> the glm input it becomes (the ensemble's mapping), for the optional inputs.
-GLM_INPUTS = {"max_tokens": "request_output_len", "exclude_input_in_output": "exclude_input_in_output",
-              "temperature": "temperature", "top_k": "runtime_top_k", "top_p": "runtime_top_p", "seed": "seed",
-              "min_p": "min_p", "repetition_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
-              "frequency_penalty": "frequency_penalty", "min_tokens": "min_tokens",
-              "end_id": "end_id", "ignore_eos": "ignore_eos", "stop_words": "stop_words", "bad_words": "bad_words", "return_log_probs": "return_log_probs", "pad_id": "pad_id",
-              **{name: name for name in ("sampling_parameters", "return_logprobs", "return_cumulative_logprob",
-                                         "return_finish_reason", "return_num_input_tokens",
-                                         "return_num_output_tokens")}}
+# bls inputs that glm knows by another name (the ensemble's mapping). Every other input but text_input and stream
+# goes to glm as it is, so what bls accepts is what its config.pbtxt declares.
+RENAMED_FOR_GLM = {"max_tokens": "request_output_len", "top_k": "runtime_top_k", "top_p": "runtime_top_p"}
+NOT_FOR_GLM = ("text_input", "stream")
 # The glm outputs that bls returns as they are (from the last response) or joined (log-probs).
 PASSED_THROUGH = ("finish_reason", "num_input_tokens", "num_output_tokens", "cum_log_probs")
 
@@ -52,10 +47,9 @@ class Bls:
         prompt = np.array([self.tokenizer.encode(texts[0])], dtype=np.int32)
         inputs = [pb_utils.Tensor("input_ids", prompt),
                   pb_utils.Tensor("input_lengths", np.array([[prompt.shape[1]]], dtype=np.int32))]
-        for name, glm_name in GLM_INPUTS.items():
-            tensor = pb_utils.get_input_tensor_by_name(request, name)
-            if tensor is not None:
-                inputs.append(pb_utils.Tensor(glm_name, tensor.as_numpy()))
+        for tensor in request.inputs():
+            if tensor.name() not in NOT_FOR_GLM:
+                inputs.append(pb_utils.Tensor(RENAMED_FOR_GLM.get(tensor.name(), tensor.name()), tensor.as_numpy()))
         engine_request = pb_utils.InferenceRequest(
             model_name=self.engine_model, inputs=inputs,
             requested_output_names=["output_ids", "output_log_probs", "text_length", *PASSED_THROUGH])

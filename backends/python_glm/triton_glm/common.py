@@ -1,4 +1,4 @@
-"""What the three adapters share: reading parameters and inputs, finding the checkpoint, error responses."""
+"""What the adapters share: reading parameters and inputs, finding the checkpoint, error responses."""
 
 from __future__ import annotations
 

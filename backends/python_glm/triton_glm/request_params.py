@@ -43,6 +43,7 @@ SETTINGS = {
 }
 # sampling_parameters keys handled apart from SETTINGS.
 OTHER_KEYS = ("ignore_eos", "stop_token_ids", "logprobs", "n", "stop", "bad_words")
+JSON_KEYS = sorted({key for _, key, _ in SETTINGS.values()} | set(OTHER_KEYS))
 # Tensor switches that turn on log-probabilities (ours, and vllm_backend's two).
 LOGPROB_SWITCHES = ("return_log_probs", "return_logprobs", "return_cumulative_logprob")
 
@@ -57,10 +58,9 @@ def sampling_parameters_json(request) -> dict:
         raise InputError(f"input 'sampling_parameters' is not valid JSON: {exc}") from None
     if not isinstance(parsed, dict):
         raise InputError("input 'sampling_parameters' must be a JSON object")
-    unknown = sorted(set(parsed) - set(k for _, k, _ in SETTINGS.values()) - set(OTHER_KEYS))
+    unknown = sorted(set(parsed) - set(JSON_KEYS))
     if unknown:
-        supported = sorted([k for _, k, _ in SETTINGS.values()] + list(OTHER_KEYS))
-        raise InputError(f"sampling_parameters: unsupported keys {unknown}; supported: {', '.join(supported)}")
+        raise InputError(f"sampling_parameters: unsupported keys {unknown}; supported: {', '.join(JSON_KEYS)}")
     return parsed
 
 
