@@ -16,7 +16,7 @@ if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "$venv"
 fi
 stamp="$venv/.installed-$(basename "$requirements").sha256"
-wanted="$(cat "$repo"/requirements*.txt | sha256sum | cut -d' ' -f1)"
+wanted="$(cat "$repo"/requirements*.txt "$repo"/clients/requirements.txt | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
   echo "[setup] installing $(basename "$requirements") into $venv (about a minute on a fresh machine)"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip

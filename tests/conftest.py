@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
 
 # Triton-language kernels run on the CPU through Triton's interpreter in tests. Triton reads this when it is
 # imported and when a kernel runs, so it is set for the whole session, before anything imports triton.
 os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
+import requests  # noqa: E402
 import torch  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -72,3 +74,28 @@ def triton_server(demo_model_dir, tmp_path_factory):
         raise
     yield server
     server.stop()
+
+
+# -- reading the server's metrics ----------------------------------------------------------------------------
+def metrics(server) -> dict[str, float]:
+    """The server's Prometheus samples, e.g. 'glm_kv_blocks_used{model="glm",version="1"}' -> value."""
+    text = requests.get(f"http://localhost:{server.metrics_port}/metrics", timeout=10).text
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line and not line.startswith("#")}
+
+
+def metric(samples: dict[str, float], name: str, **labels) -> float:
+    label_text = ",".join(f'{k}="{v}"' for k, v in {"finish_reason": labels.get("finish_reason")}.items() if v)
+    matches = [value for key, value in samples.items()
+               if key.split("{")[0] == name and label_text in key and 'model="glm"' in key]
+    assert len(matches) == 1, (name, labels, matches)
+    return matches[0]
+
+
+def wait_for(condition, timeout=15.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.2)
+    return False

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shlex
 
 import pytest
@@ -14,9 +16,25 @@ NGC_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"  # Triton 2.51, the release 
 
 
 @pytest.fixture(scope="module")
-def service():
+def services():
     with open(os.path.join(REPO, "docker-compose.yml")) as f:
-        return yaml.safe_load(f)["services"]["tritonserver"]
+        return yaml.safe_load(f)["services"]
+
+
+@pytest.fixture(scope="module")
+def service(services):
+    return services["tritonserver"]
+
+
+def split_volume(volume: str) -> tuple[str, str]:
+    """source:target[:mode] -> (source, target), where the source may be "${VARIABLE:-default}" (with a colon)."""
+    split_at = volume.index("}") + 1 if volume.startswith("${") else volume.index(":")
+    return volume[:split_at], volume[split_at + 1:].split(":")[0]
+
+
+def load(path: str):
+    with open(os.path.join(REPO, path)) as f:
+        return json.load(f) if path.endswith(".json") else yaml.safe_load(f)
 
 
 def test_image_gpu_and_ports(service):
@@ -30,9 +48,7 @@ def test_image_gpu_and_ports(service):
 def test_mounted_paths_exist_and_the_checkpoint_comes_from_the_environment(service):
     targets = {}
     for volume in service["volumes"]:
-        # source:target[:mode], where the source may be "${VARIABLE:-default}", itself holding a colon.
-        split_at = volume.index("}") + 1 if volume.startswith("${") else volume.index(":")
-        source, target = volume[:split_at], volume[split_at + 1:].split(":")[0]
+        source, target = split_volume(volume)
         targets[target] = source
         if source.startswith("${GLM_MODEL_DIR"):
             # Without GLM_MODEL_DIR the demo checkpoint that serve.sh / make_demo_model.py build is served.
@@ -59,3 +75,63 @@ def test_the_server_starts_through_the_shared_launcher(service):
 
 def test_health_check_asks_for_readiness(service):
     assert "/v2/health/ready" in " ".join(service["healthcheck"]["test"])
+
+
+def test_every_other_service_is_in_a_profile_and_mounts_existing_paths(services):
+    assert set(services) == {"tritonserver", "locust-master", "locust-worker", "prometheus", "grafana"}
+    for name, definition in services.items():
+        if name != "tritonserver":  # `docker compose up` alone starts only the server
+            assert definition["profiles"] in (["loadtest"], ["monitoring"]), name
+        for volume in definition.get("volumes", []):
+            source = split_volume(volume)[0]
+            if not source.startswith("${"):
+                assert os.path.exists(os.path.join(REPO, source)), (name, source)
+
+
+def test_locust_runs_the_repositorys_locustfile_against_the_server(services):
+    with open(os.path.join(REPO, "requirements-loadtest.txt")) as f:
+        locust_pin = re.search(r"^locust==(\S+)", f.read(), re.M).group(1)
+    master, worker = services["locust-master"], services["locust-worker"]
+    for definition in (master, worker):
+        assert definition["image"] == f"locustio/locust:{locust_pin}"  # the Locust the tests use
+        command = definition["command"].split()
+        locustfile = command[command.index("-f") + 1]
+        mounts = dict(reversed(split_volume(v)) for v in definition["volumes"])
+        mounted_dir = os.path.dirname(locustfile)
+        assert os.path.isfile(os.path.join(REPO, mounts[mounted_dir], os.path.basename(locustfile)))
+        assert "clients/requirements.txt" in " ".join(definition["entrypoint"])  # for GrpcStreamUser
+    command = master["command"].split()
+    assert command[command.index("--host") + 1] == "http://tritonserver:8000"
+    assert command[command.index("--grpc-url") + 1] == "tritonserver:8001"
+    assert master["depends_on"]["tritonserver"]["condition"] == "service_healthy"
+    assert "--worker" in worker["command"] and "locust-master" in worker["command"]
+
+
+def test_prometheus_scrapes_the_metrics_port_and_grafana_reads_prometheus(services, service):
+    metrics_port = next(m.rsplit(":", 1)[1] for m in service["ports"] if "METRICS_PORT" in m)
+    mounts = dict(reversed(split_volume(v)) for v in services["prometheus"]["volumes"])
+    config = load(mounts["/etc/prometheus/prometheus.yml"])
+    targets = [t for job in config["scrape_configs"] for c in job["static_configs"] for t in c["targets"]]
+    assert targets == [f"tritonserver:{metrics_port}"]
+    datasource, = load("monitoring/grafana/provisioning/datasources/prometheus.yml")["datasources"]
+    assert datasource["url"] == "http://prometheus:9090" and datasource["uid"] == "prometheus"
+    provider, = load("monitoring/grafana/provisioning/dashboards/glm.yml")["providers"]
+    grafana_mounts = dict(reversed(split_volume(v)) for v in services["grafana"]["volumes"])
+    assert os.path.isfile(os.path.join(REPO, grafana_mounts[provider["options"]["path"]], "glm.json"))
+
+
+@pytest.mark.integration
+def test_every_dashboard_metric_is_one_the_server_publishes(triton_server):
+    """Each metric the Grafana dashboard queries is in the real server's /metrics (after one request)."""
+    import requests
+
+    requests.post(f"http://{triton_server.http_url}/v2/models/ensemble/generate",
+                  json={"text_input": "dashboard", "max_tokens": 4}, timeout=60)
+    published = set(re.findall(r"^# TYPE (\S+)", requests.get(
+        f"http://localhost:{triton_server.metrics_port}/metrics", timeout=10).text, re.M))
+    dashboard = load("monitoring/grafana/dashboards/glm.json")
+    queried = {name for panel in dashboard["panels"] for target in panel["targets"]
+               for name in re.findall(r"\b((?:glm|nv)_[a-z_]+)", target["expr"])}
+    assert len(queried) >= 12
+    for name in queried:
+        assert re.sub(r"_bucket$", "", name) in published, name

@@ -15,6 +15,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from conftest import metric, metrics, wait_for
+
 pytestmark = pytest.mark.integration
 
 CHINESE_PROMPTS = ["用中文讲一个故事", "今天天气很好", "请介绍一下分页缓存", "你好，世界", "晚上大家一起吃饭"]
@@ -358,30 +360,6 @@ def test_wrong_dtype_and_shape_are_refused(triton_server):
     assert_still_serving(triton_server)
 
 
-def metrics(server) -> dict[str, float]:
-    """The server's Prometheus samples, e.g. 'glm_kv_blocks_used{model="glm",version="1"}' -> value."""
-    text = requests.get(f"http://localhost:{server.metrics_port}/metrics", timeout=10).text
-    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines() if line and not line.startswith("#")}
-
-
-def metric(samples: dict[str, float], name: str, **labels) -> float:
-    label_text = ",".join(f'{k}="{v}"' for k, v in {"finish_reason": labels.get("finish_reason")}.items() if v)
-    matches = [value for key, value in samples.items()
-               if key.split("{")[0] == name and label_text in key and 'model="glm"' in key]
-    assert len(matches) == 1, (name, labels, matches)
-    return matches[0]
-
-
-def wait_for(condition, timeout=15.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.2)
-    return False
-
-
 def test_engine_metrics_are_published(triton_server):
     generate_text(triton_server, "metrics, please", max_tokens=8)
     samples = metrics(triton_server)
@@ -425,15 +403,43 @@ def test_a_cancelled_glm_stream_frees_its_blocks_within_a_step(triton_server, de
     assert_still_serving(triton_server)
 
 
-def test_a_cancelled_ensemble_stream_leaves_the_server_serving(triton_server):
-    # Triton 2.51 does not pass an ensemble's cancellation to a step that is already running (it checks only
-    # between steps), so this request's generation runs to max_tokens; see README, "Cancellation".
+def test_an_ensemble_stream_is_stopped_by_a_stop_request_naming_its_id(triton_server):
+    """Triton 2.51 does not pass an ensemble's cancellation on to the running glm step, so a client stops it as
+    TensorRT-LLM's do: a request to glm with `stop` and the same request id (what clients/ does on cancel)."""
     results: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(triton_server.grpc_url)
     client.start_stream(callback=lambda result, error: results.put((result, error)))
-    client.async_stream_infer("ensemble", ensemble_inputs(grpcclient, "a story", max_tokens=64, stream=True))
+    client.async_stream_infer("ensemble", ensemble_inputs(grpcclient, "a story", max_tokens=2000, stream=True,
+                                                          ignore_eos=True),
+                              request_id="story-1", enable_empty_final_response=True)
     results.get(timeout=60)
-    client.stop_stream(cancel_requests=True)
-    client.close()
+    assert metric(metrics(triton_server), "glm_kv_blocks_used") > 0
+
+    stop = grpcclient.InferInput("stop", [1, 1], "BOOL")
+    stop.set_data_from_numpy(np.array([[True]]))
+    stopper = grpcclient.InferenceServerClient(triton_server.grpc_url)
+    replies: queue.Queue = queue.Queue()
+    stopper.start_stream(callback=lambda result, error: replies.put(error))
+    stopper.async_stream_infer("glm", [stop], request_id="story-1")
+    assert replies.get(timeout=30) is None
+    stopper.stop_stream()
+
+    reasons = []
+    while True:
+        result, error = results.get(timeout=30)
+        assert error is None
+        if result.get_response().outputs:
+            reasons.append(result.as_numpy("finish_reason").item().decode())
+        if result.get_response().parameters["triton_final_response"].bool_param:
+            break
+    client.stop_stream()
+    assert reasons[-1] == "cancelled" and len(reasons) < 100
+    assert wait_for(lambda: metric(metrics(triton_server), "glm_kv_blocks_used") == 0, timeout=5)
+    # Stopping what has finished (or never ran) is not an error.
+    response = requests.post(f"http://{triton_server.http_url}/v2/models/glm/generate",
+                             json={"id": "story-1", "stop": True}, timeout=30)
+    assert response.status_code == 200, response.text
+    response = requests.post(f"http://{triton_server.http_url}/v2/models/glm/generate", json={"stop": True},
+                             timeout=30)
+    assert response.status_code == 400 and "request id" in response.json()["error"]
     assert_still_serving(triton_server)
-    assert wait_for(lambda: metric(metrics(triton_server), "glm_kv_blocks_used") == 0, timeout=60)

@@ -25,6 +25,14 @@ def test_prompt_gets_glm_prefix_and_decodes_back(tokenizer):
     assert tokenizer.decode(ids) == "Hello 世界"
 
 
+def test_a_prompt_that_already_has_the_prefix_does_not_get_a_second(tokenizer):
+    chat_prompt = "[gMASK]<sop><|user|>\nhi<|assistant|>\n"  # what GLM-4's chat template renders
+    ids = tokenizer.encode(chat_prompt)
+    assert ids == tokenizer.encode(chat_prompt, add_special_tokens=False)
+    assert ids[:2] == [tokenizer.token_id("[gMASK]"), tokenizer.token_id("<sop>")] and ids[2:4] != ids[:2]
+    assert tokenizer.encode_batch([chat_prompt, "hi"]) == [ids, tokenizer.encode("hi")]
+
+
 def test_streamed_chunks_decode_alone_to_the_whole_text(tokenizer):
     ids = tokenizer.encode(CHINESE)[2:]
     # The rare characters are not in the vocabulary: their UTF-8 bytes are split across tokens.

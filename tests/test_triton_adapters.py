@@ -78,6 +78,22 @@ def test_a_cancelled_client_aborts_and_its_stream_is_closed(tokenizer):
     assert sender.sent == [(None, FINAL)]
 
 
+@pytest.mark.parametrize("streaming", [True, False])
+def test_a_stopped_request_still_gets_its_text_and_why_it_ended(tokenizer, streaming):
+    """A `stop` request (not a gone client): the held-back tokens and finish_reason "cancelled" are sent."""
+    ids = tokenizer.encode("龘", add_special_tokens=False)
+    assert len(ids) > 1  # a character split across tokens, so the first is held back
+    sender = Sender()
+    stream = ResponseStream(sender, streaming, [7], False, tokenizer)
+    assert stream.on_output(output(ids[:1]))
+    assert sender.sent == []
+    assert stream.on_output(output([], finished=True, reason=FinishReason.CANCELLED)) is False
+    response, flags = sender.sent[-1]
+    assert flags == FINAL and response.outputs["finish_reason"].item() == b"cancelled"
+    sent = [int(t) for r, _ in sender.sent for t in r.outputs["output_ids"].reshape(-1)]
+    assert sent == ids[:1] and response.outputs["num_output_tokens"].item() == 1
+
+
 def test_cancelled_on_the_last_output_still_closes_the_stream(tokenizer):
     sender = Sender()
     stream = ResponseStream(sender, True, [], False, tokenizer)

@@ -26,6 +26,8 @@ class GlmTokenizer:
         if not os.path.isfile(path):
             raise CheckpointError(f"{model_dir!r} has no tokenizer.json (a Hugging Face fast tokenizer is required)")
         self._tokenizer = Tokenizer.from_file(path)
+        # What encoding adds before a prompt: the ids that an empty text encodes to (GLM-4: [gMASK]<sop>).
+        self._prefix = self._tokenizer.encode("", add_special_tokens=True).ids
         config_path = os.path.join(model_dir, "tokenizer_config.json")
         self.config: dict = {}
         if os.path.isfile(config_path):
@@ -37,11 +39,16 @@ class GlmTokenizer:
         return self._tokenizer.get_vocab_size()
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """With add_special_tokens, the checkpoint's prompt prefix is added (GLM-4: [gMASK]<sop>)."""
-        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        """With add_special_tokens, the checkpoint's prompt prefix is added (GLM-4: [gMASK]<sop>), once: a prompt
+        that already starts with it (one made by the chat template) does not get a second."""
+        ids = self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        prefix = self._prefix
+        if add_special_tokens and prefix and ids[len(prefix):2 * len(prefix)] == prefix:
+            del ids[:len(prefix)]
+        return ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in self._tokenizer.encode_batch(texts)]
+        return [self.encode(text) for text in texts]
 
     def decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=True)

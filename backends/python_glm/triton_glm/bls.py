@@ -50,8 +50,9 @@ class Bls:
         for tensor in request.inputs():
             if tensor.name() not in NOT_FOR_GLM:
                 inputs.append(pb_utils.Tensor(RENAMED_FOR_GLM.get(tensor.name(), tensor.name()), tensor.as_numpy()))
+        # The same request id, so that a `stop` request naming it reaches the engine's request.
         engine_request = pb_utils.InferenceRequest(
-            model_name=self.engine_model, inputs=inputs,
+            model_name=self.engine_model, inputs=inputs, request_id=request.request_id(),
             requested_output_names=["output_ids", "output_log_probs", "text_length", *PASSED_THROUGH])
         token_ids: list[int] = []
         logprobs: list[float] = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import time
 
 import numpy as np
@@ -29,19 +30,65 @@ class GlmEngineModel:
         self.metrics = EngineMetrics(args["model_name"], args["model_version"])
         self.engine_thread = EngineThread(self.engine, on_step=lambda: self.metrics.update(self.engine.stats()))
         self._request_ids = itertools.count()
+        # Engine ids of the running requests, by the id the client gave them (Triton's request id), for `stop`.
+        self._running: dict[str, set[str]] = {}
+        self._running_lock = threading.Lock()
         log.info("glm engine ready: %s, max_model_len %d", model_dir, self.engine.max_model_len)
 
     def execute(self, requests):
         for request in requests:
             sender = request.get_response_sender()
             try:
+                if optional_scalar(request, "stop", False, bool):
+                    self._stop(request.request_id())
+                    # One empty response, as the generate endpoint expects exactly one.
+                    sender.send(pb_utils.InferenceResponse(output_tensors=[]),
+                                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                    continue
                 prompt, params, stop_strings, streaming, echo_prompt = self._parse(request)
                 stream = ResponseStream(sender, streaming, prompt, echo_prompt, self.tokenizer, stop_strings,
                                         self.metrics)
-                self.engine_thread.submit(f"r{next(self._request_ids)}", prompt, params, stream.on_output)
+                self._submit(request.request_id(), prompt, params, stream)
             except ValueError as exc:  # InputError, or the engine's own checks
                 sender.send(error_response(str(exc)), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
+
+    def _submit(self, client_id: str, prompt: list[int], params: SamplingParams, stream: ResponseStream) -> None:
+        engine_id = f"r{next(self._request_ids)}"
+        if not client_id:
+            self.engine_thread.submit(engine_id, prompt, params, stream.on_output)
+            return
+
+        def on_output(output: RequestOutput) -> bool:
+            keep_going = stream.on_output(output)
+            if output.finished:
+                self._forget(client_id, engine_id)
+            return keep_going
+
+        with self._running_lock:
+            self._running.setdefault(client_id, set()).add(engine_id)
+        try:
+            self.engine_thread.submit(engine_id, prompt, params, on_output)
+        except ValueError:
+            self._forget(client_id, engine_id)
+            raise
+
+    def _forget(self, client_id: str, engine_id: str) -> None:
+        with self._running_lock:
+            self._running[client_id].discard(engine_id)
+            if not self._running[client_id]:
+                del self._running[client_id]
+
+    def _stop(self, client_id: str) -> None:
+        """TensorRT-LLM's `stop` input: end the running requests that carry this request id. They finish with
+        finish_reason "cancelled" and free their blocks within one step. It is how a client stops a request sent
+        through the ensemble, whose cancellation Triton 2.51 does not pass on to this model."""
+        if not client_id:
+            raise InputError("input 'stop' needs the request id of the request to stop (the request's 'id')")
+        with self._running_lock:
+            engine_ids = list(self._running.get(client_id, ()))
+        for engine_id in engine_ids:  # none: it has finished already, which is not an error
+            self.engine_thread.abort(engine_id)
 
     def _parse(self, request) -> tuple[list[int], SamplingParams, list[str], bool, bool]:
         ids = required_array(request, "input_ids")
@@ -104,7 +151,10 @@ class ResponseStream:
             # Close the stream now if this was its last output; otherwise the abort brings a CANCELLED one.
             if output.finished:
                 self._observe(output.new_token_ids, "cancelled")
-                self.sender.send(flags=final)
+                if self.sender.is_cancelled():  # nobody listens any more
+                    self.sender.send(flags=final)
+                else:  # stopped by a `stop` request: the client still gets what was generated, and why it ended
+                    self._finish_cancelled()
             return False
 
         self.unsent_logprobs += output.new_logprobs or []
@@ -133,6 +183,16 @@ class ResponseStream:
                 self._send(self.echo + self.unsent_ids, len(self.unsent_ids), keep_chars, reason, True)
         self.closed = finished
         return not stopped
+
+    def _finish_cancelled(self) -> None:
+        held = self.chunker.flush()[0]
+        if self.stop_filter is not None:  # what it holds back is no stop string, or the request would have ended
+            held = self.stop_filter.flush() + held
+        if self.streaming:
+            self._send(held, len(held), None, "cancelled", True)
+        else:
+            self._send(self.echo + self.unsent_ids + held, len(self.unsent_ids) + len(held), None, "cancelled", True)
+        self.closed = True
 
     def _observe(self, new_token_ids: list[int], finish_reason: str | None) -> None:
         if self.metrics is None:

@@ -1,0 +1,159 @@
+"""Locust users for Open-AutoGLM on Triton. Each records, as its own Locust entry (so that Locust's percentiles
+apply to each): the whole request, the time to first token (TTFT) and every inter-token gap (ITL). The output
+tokens of a request are its entry's "content size", so Locust's CSV carries them too.
+
+    locust -f loadtests/locustfile.py --host http://localhost:8000 --grpc-url localhost:8001 HttpStreamUser
+    python loadtests/run.py --help      # headless runs, summaries and plots
+
+User classes: HttpGenerateUser (generate, the whole answer), HttpStreamUser (generate_stream, server-sent
+events), GrpcStreamUser (gRPC bidirectional streaming through tritonclient.grpc).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+import time
+
+import grpc.experimental.gevent
+import requests
+from locust import HttpUser, User, between, events, task
+
+# Locust runs users as gevent greenlets; gRPC must cooperate with them (before any channel is made).
+grpc.experimental.gevent.init_gevent()
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from prompts import RequestMix, parse_range  # noqa: E402
+
+MODEL = "ensemble"
+_user_numbers = itertools.count()
+
+
+@events.init_command_line_parser.add_listener
+def _options(parser):
+    parser.add_argument("--grpc-url", default="localhost:8001", help="gRPC address for GrpcStreamUser")
+    parser.add_argument("--prompt-words", default="16-512", help="prompt length range, in words (about tokens)")
+    parser.add_argument("--output-tokens", default="16-256", help="max_tokens range")
+    parser.add_argument("--scenario", default="mixed", choices=("mixed", "shared-prefix"))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-requests", type=int, default=0, help="stop after this many requests (0: no bound)")
+
+
+@events.request.add_listener
+def _stop_after_max_requests(request_type, name, **kwargs):
+    environment = _stop_after_max_requests.environment
+    if environment is None or not environment.parsed_options.max_requests:
+        return
+    if name in ("generate", "generate_stream", "grpc_stream") and \
+            environment.stats.total.num_requests >= environment.parsed_options.max_requests:
+        environment.runner.quit()
+
+
+@events.init.add_listener
+def _remember_environment(environment, **kwargs):
+    _stop_after_max_requests.environment = environment
+
+
+_stop_after_max_requests.environment = None
+
+
+class GlmUser(User):
+    abstract = True
+    wait_time = between(0, 0.05)
+
+    def on_start(self):
+        options = self.environment.parsed_options
+        # Each user draws from its own seeded mix: reproducible, yet users do not send the same requests.
+        self.mix = RequestMix(options.seed * 1000 + next(_user_numbers), parse_range(options.prompt_words),
+                              parse_range(options.output_tokens), options.scenario)
+
+    def record(self, request_type: str, name: str, started: float, output_tokens: int, error: Exception | None):
+        self.environment.events.request.fire(
+            request_type=request_type, name=name, response_time=(time.perf_counter() - started) * 1000,
+            response_length=output_tokens, exception=error, context={})
+
+    def record_timings(self, request_type: str, name: str, started: float, token_times: list[float]):
+        """TTFT and the ITL gaps of one stream, each its own Locust sample."""
+        fire = self.environment.events.request.fire
+        if token_times:
+            fire(request_type=request_type, name=f"{name} TTFT", response_time=(token_times[0] - started) * 1000,
+                 response_length=0, exception=None, context={})
+        for before, after in zip(token_times, token_times[1:]):
+            fire(request_type=request_type, name=f"{name} ITL", response_time=(after - before) * 1000,
+                 response_length=0, exception=None, context={})
+
+
+class HttpGenerateUser(HttpUser, GlmUser):
+    """The generate endpoint: one response with the whole answer."""
+
+    @task
+    def generate(self):
+        request = self.mix.next()
+        with self.client.post(f"/v2/models/{MODEL}/generate", name="generate", catch_response=True,
+                              json={"text_input": request.prompt, "max_tokens": request.max_tokens,
+                                    "exclude_input_in_output": True}) as response:
+            if response.status_code != 200:
+                response.failure(f"HTTP {response.status_code}: {response.text[:200]}")
+                return
+            response.request_meta["response_length"] = response.json().get("num_output_tokens", 0)
+
+
+class HttpStreamUser(GlmUser):
+    """generate_stream: server-sent events, a piece of text each. Locust's HttpSession would time only the
+    response headers of a stream, so this user reads the events with requests and records its own timings."""
+
+    def on_start(self):
+        super().on_start()
+        self.http = requests.Session()
+
+    @task
+    def generate_stream(self):
+        request = self.mix.next()
+        started, token_times, output_tokens, error = time.perf_counter(), [], 0, None
+        body = {"text_input": request.prompt, "max_tokens": request.max_tokens, "stream": True}
+        try:
+            with self.http.post(f"{self.host}/v2/models/{MODEL}/generate_stream", json=body, stream=True,
+                                timeout=600) as response:
+                if response.status_code != 200:
+                    raise RuntimeError(f"HTTP {response.status_code}: {response.text[:200]}")
+                for line in response.iter_lines(decode_unicode=True):
+                    if not line.startswith("data: "):
+                        continue
+                    event = json.loads(line[len("data: "):])
+                    if "error" in event:
+                        raise RuntimeError(event["error"])
+                    if event.get("text_output"):
+                        token_times.append(time.perf_counter())
+                    output_tokens = event.get("num_output_tokens", output_tokens)
+        except Exception as exc:  # recorded as a Locust failure, with its message
+            error = exc
+        self.record("HTTP", "generate_stream", started, output_tokens, error)
+        if error is None:
+            self.record_timings("HTTP", "generate_stream", started, token_times)
+
+
+class GrpcStreamUser(GlmUser):
+    """gRPC bidirectional streaming (tritonclient.grpc, through clients.GrpcClient); grpc runs on gevent here
+    (init_gevent above), so the client's stream thread is a greenlet like the users."""
+
+    @task
+    def grpc_stream(self):
+        from clients import GrpcClient
+
+        request = self.mix.next()
+        started, token_times, output_tokens, error = time.perf_counter(), [], 0, None
+        try:
+            with GrpcClient(self.environment.parsed_options.grpc_url) as client, \
+                    client.stream(request.prompt, max_tokens=request.max_tokens) as stream:
+                for _ in stream:
+                    token_times.append(time.perf_counter())
+                output_tokens = stream.generation.num_output_tokens
+        except Exception as exc:  # recorded as a Locust failure, with its message
+            error = exc
+        self.record("gRPC", "grpc_stream", started, output_tokens, error)
+        if error is None:
+            self.record_timings("gRPC", "grpc_stream", started, token_times)

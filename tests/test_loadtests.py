@@ -1,0 +1,62 @@
+"""The Locust load tests: a short headless run of every user class against the real server, through the runner."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+sys.path.insert(0, os.path.join(REPO, "loadtests"))
+
+from prompts import SYSTEM_PROMPT, RequestMix, parse_range  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+
+def test_the_request_mix_is_seeded_and_keeps_to_its_ranges():
+    first = [RequestMix(seed=3, prompt_words=(16, 64), output_tokens=(8, 32)).next() for _ in range(2)]
+    assert first[0] == first[1]
+    mix = RequestMix(seed=3, prompt_words=(16, 64), output_tokens=(8, 32))
+    requests = [mix.next() for _ in range(200)]
+    assert all(16 <= len(r.prompt.split()) <= 64 and 8 <= r.max_tokens <= 32 for r in requests)
+    assert len({r.prompt for r in requests}) > 150
+    shared = RequestMix(seed=1, scenario="shared-prefix").next()
+    assert shared.prompt.startswith(SYSTEM_PROMPT)
+    with pytest.raises(ValueError):
+        parse_range("64-16")
+
+
+def test_a_short_headless_run_of_every_user_class(triton_server, tmp_path):
+    out = tmp_path / "results"
+    completed = subprocess.run(
+        [sys.executable, os.path.join(REPO, "loadtests", "run.py"), "--host", f"http://{triton_server.http_url}",
+         "--grpc-url", triton_server.grpc_url, "--users", "3", "--run-time", "6s", "--prompt-words", "16-48",
+         "--output-tokens", "8-24", "--user-class", "HttpGenerateUser", "HttpStreamUser", "GrpcStreamUser",
+         "--label", "smoke", "--out", str(out)],
+        capture_output=True, text=True, timeout=180)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    run, = summary["runs"]
+    assert run["users"] == 3 and run["failures"] == 0 and run["requests"] > 3
+    assert run["requests_per_s"] > 0 and run["output_tokens_per_s"] > 0
+    for key in ("latency_ms", "ttft_ms", "itl_ms"):
+        assert 0 < run[key]["p50"] <= run[key]["p95"] <= run[key]["p99"], (key, run[key])
+    # Each user class recorded its requests, and the streaming ones their TTFT and ITL, as separate entries.
+    for name in ("generate", "generate_stream", "generate_stream TTFT", "generate_stream ITL", "grpc_stream",
+                 "grpc_stream TTFT", "grpc_stream ITL"):
+        assert run["entries"][name]["requests"] > 0 and run["entries"][name]["failures"] == 0, name
+    for suffix in ("_stats.csv", ".html"):
+        assert (out / f"smoke-u3{suffix}").stat().st_size > 0
+    assert (out / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_runner_stays_on_loopback(tmp_path):
+    completed = subprocess.run([sys.executable, os.path.join(REPO, "loadtests", "run.py"), "--host",
+                                "http://192.0.2.1:8000", "--out", str(tmp_path)], capture_output=True, text=True,
+                               timeout=60)
+    assert completed.returncode == 2 and "loopback" in completed.stderr
