@@ -101,7 +101,8 @@ class ClientBase(ClientSettings):
     def health(self) -> dict[str, bool]:
         """{"live", "ready", "model_ready"}; all False when no server answers."""
         try:
-            return {"live": self.is_server_live(), "ready": self.is_server_ready(), "model_ready": self.is_model_ready()}
+            return {"live": self.is_server_live(), "ready": self.is_server_ready(),
+                    "model_ready": self.is_model_ready()}
         except ServerUnavailableError:
             return {"live": False, "ready": False, "model_ready": False}
 

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.integration
 CHINESE_PROMPTS = ["用中文讲一个故事", "今天天气很好", "请介绍一下分页缓存", "你好，世界", "晚上大家一起吃饭"]
 
 
-# -- small clients (the SDK in clients/ is a separate issue; these stay close to the raw protocols) --------------
+# -- small clients close to the raw protocols (the SDK in clients/ has its own tests: test_clients.py) -----------
 def generate(server, **body) -> requests.Response:
     return requests.post(f"http://{server.http_url}/v2/models/ensemble/generate", json=body, timeout=120)
 
