@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
+import signal
 import subprocess
 import sys
 
@@ -15,7 +15,10 @@ from conftest import REPO, free_port, metric, metrics, wait_for
 sys.path.insert(0, REPO)
 
 from clients import (AsyncGrpcClient, AsyncHttpClient, ChatTemplate, GrpcClient, HttpClient,  # noqa: E402
-                     InvalidRequestError, ModelNotReadyError, RequestTimeoutError, ServerUnavailableError)
+                     InvalidRequestError, ModelNotReadyError, OverloadedError, RequestCancelledError,
+                     RequestTimeoutError, ServerError, ServerUnavailableError)
+from clients.errors import from_http, from_triton  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402
 
 pytestmark = pytest.mark.integration
 PROTOCOLS = ["grpc", "http"]
@@ -170,3 +173,37 @@ def test_cli_generate_stream_chat_and_health(triton_server, demo_model_dir):
     assert refused.returncode == 1
     assert refused.stderr.startswith("error (InvalidRequestError):") and "temperature" in refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_ctrl_c_in_the_cli_cancels_the_stream_on_the_server(triton_server, protocol):
+    url = triton_server.grpc_url if protocol == "grpc" else triton_server.http_url
+    process = subprocess.Popen([sys.executable, "-m", "clients", "stream", "a very long story", "--max-tokens",
+                                "2000", "--ignore-eos", "--protocol", protocol, "--url", url], cwd=REPO,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        process.stdout.read(1)  # text is arriving: the request runs and holds blocks
+        assert blocks_used(triton_server) > 0
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    assert process.returncode == 130 and "[cancelled]" in stderr and "Traceback" not in stderr
+    assert wait_for(lambda: blocks_used(triton_server) == 0, timeout=5)
+
+
+def test_status_codes_and_messages_map_to_error_kinds():
+    assert isinstance(from_http(400, "bad"), InvalidRequestError)
+    assert isinstance(from_http(404, "Request for unknown model"), ModelNotReadyError)
+    assert isinstance(from_http(503, "Exceeds maximum queue size"), OverloadedError)
+    assert isinstance(from_http(500, "boom"), ServerError)
+    grpc_error = from_triton(InferenceServerException("queue full", "StatusCode.RESOURCE_EXHAUSTED"))
+    assert isinstance(grpc_error, OverloadedError) and grpc_error.message == "queue full"
+    # Errors on Triton's gRPC stream come without a status: the kind is told from Triton's wording.
+    for message, kind in (("Request for unknown model: 'x' is not found", ModelNotReadyError),
+                          ("Exceeds maximum queue size", OverloadedError),
+                          ("Request was cancelled", RequestCancelledError),
+                          ("engine failure: out of memory", ServerError),
+                          ("in ensemble 'ensemble', top_p must lie in (0, 1], got 2.0", InvalidRequestError)):
+        error = from_triton(InferenceServerException(message))
+        assert type(error) is kind and error.message == message
