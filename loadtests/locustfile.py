@@ -30,6 +30,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from prompts import RequestMix, parse_range  # noqa: E402
 
 MODEL = "ensemble"
+# The Locust entries that are whole requests; "<name> TTFT" and "<name> ITL" hold the timings within them.
+REQUEST_NAMES = ("generate", "generate_stream", "grpc_stream")
 _user_numbers = itertools.count()
 
 
@@ -43,22 +45,19 @@ def _options(parser):
     parser.add_argument("--max-requests", type=int, default=0, help="stop after this many requests (0: no bound)")
 
 
-@events.request.add_listener
-def _stop_after_max_requests(request_type, name, **kwargs):
-    environment = _stop_after_max_requests.environment
-    if environment is None or not environment.parsed_options.max_requests:
-        return
-    if name in ("generate", "generate_stream", "grpc_stream") and \
-            environment.stats.total.num_requests >= environment.parsed_options.max_requests:
-        environment.runner.quit()
-
-
 @events.init.add_listener
-def _remember_environment(environment, **kwargs):
-    _stop_after_max_requests.environment = environment
+def _stop_after_max_requests(environment, **kwargs):
+    """--max-requests: end the run once that many whole requests (not TTFT / ITL samples) have been recorded."""
+    limit = environment.parsed_options.max_requests if environment.parsed_options else 0
+    if not limit:
+        return
 
-
-_stop_after_max_requests.environment = None
+    @environment.events.request.add_listener
+    def count(name, **kwargs):
+        done = sum(entry.num_requests for (entry_name, _), entry in environment.stats.entries.items()
+                   if entry_name in REQUEST_NAMES)
+        if name in REQUEST_NAMES and done >= limit:
+            environment.runner.quit()
 
 
 class GlmUser(User):

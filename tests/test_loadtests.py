@@ -32,17 +32,19 @@ def test_the_request_mix_is_seeded_and_keeps_to_its_ranges():
 
 
 def test_a_short_headless_run_of_every_user_class(triton_server, tmp_path):
+    """Bounded by requests (24), with a run time (60 s) it must not reach."""
     out = tmp_path / "results"
     completed = subprocess.run(
         [sys.executable, os.path.join(REPO, "loadtests", "run.py"), "--host", f"http://{triton_server.http_url}",
-         "--grpc-url", triton_server.grpc_url, "--users", "3", "--run-time", "6s", "--prompt-words", "16-48",
+         "--grpc-url", triton_server.grpc_url, "--users", "3", "--run-time", "60s", "--max-requests", "24", "--prompt-words", "16-48",
          "--output-tokens", "8-24", "--user-class", "HttpGenerateUser", "HttpStreamUser", "GrpcStreamUser",
          "--label", "smoke", "--out", str(out)],
         capture_output=True, text=True, timeout=180)
     assert completed.returncode == 0, completed.stdout + completed.stderr
     summary = json.loads((out / "summary.json").read_text())
     run, = summary["runs"]
-    assert run["users"] == 3 and run["failures"] == 0 and run["requests"] > 3
+    # --max-requests ended the run long before --run-time (which would have given well over 100 requests).
+    assert run["users"] == 3 and run["failures"] == 0 and 3 < run["requests"] <= 24 + 3
     assert run["requests_per_s"] > 0 and run["output_tokens_per_s"] > 0
     for key in ("latency_ms", "ttft_ms", "itl_ms"):
         assert 0 < run[key]["p50"] <= run[key]["p95"] <= run[key]["p99"], (key, run[key])
