@@ -12,13 +12,12 @@ import asyncio
 
 import aiohttp
 import grpc
-import numpy as np
 import tritonclient.grpc.aio as aiogrpc
 from tritonclient.utils import InferenceServerException
 
 from .client import CANCEL_TIMEOUT_S, ClientSettings, Deadline, event_piece
 from .errors import GlmError, RequestTimeoutError, ServerUnavailableError, from_http, from_triton, message_from_body
-from .request import Generation, Piece, generate_body, triton_inputs
+from .request import Generation, Piece, generate_body, stop_body, stop_inputs, triton_inputs
 from .stream import AsyncTextStream
 
 
@@ -107,10 +106,8 @@ class AsyncGrpcClient(AsyncClientBase):
 
     async def cancel(self, request_id: str) -> bool:
         """See GrpcClient.cancel."""
-        stop = aiogrpc.InferInput("stop", [1, 1], "BOOL")
-        stop.set_data_from_numpy(np.array([[True]]))
         over = asyncio.Event()
-        call = self._client.stream_infer(_one({"model_name": self.engine_model, "inputs": [stop],
+        call = self._client.stream_infer(_one({"model_name": self.engine_model, "inputs": stop_inputs(aiogrpc),
                                                "request_id": request_id}, over))
         try:
             _, error = await asyncio.wait_for(call.__anext__(), CANCEL_TIMEOUT_S)
@@ -162,7 +159,6 @@ class AsyncHttpClient(AsyncClientBase):
                 deadline, self._http().post(url, json=generate_body(prompt, stream, values, request_id)))
             async with response:
                 if response.status != 200:
-                    finished = True
                     raise from_http(response.status, message_from_body(await response.text()))
                 if not stream:
                     finished = True
@@ -193,7 +189,7 @@ class AsyncHttpClient(AsyncClientBase):
         """See HttpClient.cancel."""
         try:
             async with self._http().post(self._endpoint(self.engine_model, "generate"),
-                                         json={"id": request_id, "stop": True},
+                                         json=stop_body(request_id),
                                          timeout=aiohttp.ClientTimeout(total=CANCEL_TIMEOUT_S)) as reply:
                 return reply.status == 200
         except (aiohttp.ClientError, asyncio.TimeoutError):

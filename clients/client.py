@@ -12,7 +12,6 @@ import queue
 import time
 import uuid
 
-import numpy as np
 import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
@@ -20,7 +19,8 @@ from tritonclient.utils import InferenceServerException
 
 from .chat import ChatTemplate
 from .errors import GlmError, RequestTimeoutError, ServerUnavailableError, from_http, from_triton, message_from_body
-from .request import ENGINE_MODEL, Generation, Piece, generate_body, request_values, triton_inputs
+from .request import (ENGINE_MODEL, Generation, Piece, generate_body, request_values, stop_body, stop_inputs,
+                      triton_inputs)
 from .stream import TextStream
 
 # How long a cancellation (the `stop` request) may take before the client gives up on it.
@@ -39,8 +39,11 @@ class Deadline:
             return None
         left = self._end - time.monotonic()
         if left <= 0:
-            raise RequestTimeoutError(f"no complete answer within the {self.timeout} s timeout; it was cancelled")
+            raise self.expired()
         return left
+
+    def expired(self) -> RequestTimeoutError:
+        return RequestTimeoutError(f"no complete answer within the {self.timeout} s timeout; it was cancelled")
 
 
 class ClientSettings:
@@ -156,7 +159,7 @@ class GrpcClient(ClientBase):
                     raise from_triton(error)
                 response = result.get_response()
                 if response.outputs:
-                    yield Piece.from_outputs(lambda name: result.as_numpy(name))
+                    yield Piece.from_outputs(result.as_numpy)
                 if response.parameters["triton_final_response"].bool_param:
                     finished = True
                     return
@@ -169,13 +172,11 @@ class GrpcClient(ClientBase):
     def cancel(self, request_id: str) -> bool:
         """Stop a running request by its id: TensorRT-LLM's `stop` input on the engine model. Needed for the
         ensemble, whose cancellation Triton 2.51 does not pass on to the engine. False if it could not be sent."""
-        stop = grpcclient.InferInput("stop", [1, 1], "BOOL")
-        stop.set_data_from_numpy(np.array([[True]]))
         replies: queue.SimpleQueue = queue.SimpleQueue()
         client = grpcclient.InferenceServerClient(self.url)
         try:
             client.start_stream(callback=lambda result, error: replies.put(error))
-            client.async_stream_infer(self.engine_model, [stop], request_id=request_id)
+            client.async_stream_infer(self.engine_model, stop_inputs(grpcclient), request_id=request_id)
             return replies.get(timeout=CANCEL_TIMEOUT_S) is None
         except (queue.Empty, InferenceServerException):
             return False
@@ -210,7 +211,6 @@ class HttpClient(ClientBase):
                                           timeout=(CANCEL_TIMEOUT_S, deadline.remaining()))
             with response:
                 if response.status_code != 200:
-                    finished = True
                     raise from_http(response.status_code, message_from_body(response.text))
                 if not stream:
                     finished = True
@@ -230,11 +230,11 @@ class HttpClient(ClientBase):
             raise
         except requests.ConnectionError as exc:
             if isinstance(exc.__context__, requests.ReadTimeout) or "timed out" in str(exc):
-                raise RequestTimeoutError(f"no complete answer within the {self.timeout} s timeout") from None
+                raise deadline.expired() from None
             finished = True
             raise ServerUnavailableError(f"no server at {self.url}: {exc}") from None
         except requests.Timeout:
-            raise RequestTimeoutError(f"no complete answer within the {self.timeout} s timeout") from None
+            raise deadline.expired() from None
         finally:
             if not finished:
                 self.cancel(request_id)
@@ -244,7 +244,7 @@ class HttpClient(ClientBase):
         request in Triton 2.51, so leaving a stream early sends this."""
         try:
             reply = self._session.post(self._endpoint(self.engine_model, "", "generate"),
-                                       json={"id": request_id, "stop": True}, timeout=CANCEL_TIMEOUT_S)
+                                       json=stop_body(request_id), timeout=CANCEL_TIMEOUT_S)
             return reply.status_code == 200
         except requests.RequestException:
             return False
@@ -252,7 +252,6 @@ class HttpClient(ClientBase):
     def close(self) -> None:
         self._session.close()
         self._client.close()
-
 
 
 def event_piece(line: str) -> Piece | None:

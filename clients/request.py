@@ -58,6 +58,18 @@ def generate_body(prompt: str, stream: bool, sampling: dict, request_id: str) ->
     return {"id": request_id, "text_input": prompt, "stream": stream, **request_values(sampling)}
 
 
+def stop_inputs(module) -> list:
+    """The inputs of a `stop` request to ENGINE_MODEL; the request id names the request to stop."""
+    stop = module.InferInput("stop", [1, 1], "BOOL")
+    stop.set_data_from_numpy(np.array([[True]]))
+    return [stop]
+
+
+def stop_body(request_id: str) -> dict:
+    """A `stop` request as the JSON body of ENGINE_MODEL's generate endpoint."""
+    return {"id": request_id, "stop": True}
+
+
 @dataclass
 class Generation:
     """A finished answer. finish_reason: "stop" (end token or stop word), "length" (max_tokens) or

@@ -16,6 +16,7 @@ import requests  # noqa: E402
 import torch  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)  # clients/
 sys.path.insert(0, os.path.join(REPO, "backends", "python_glm"))
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 

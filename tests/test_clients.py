@@ -9,16 +9,13 @@ import subprocess
 import sys
 
 import pytest
+from tritonclient.utils import InferenceServerException
 
+from clients import (AsyncGrpcClient, AsyncHttpClient, ChatTemplate, GrpcClient, HttpClient, InvalidRequestError,
+                     ModelNotReadyError, OverloadedError, RequestCancelledError, RequestTimeoutError, ServerError,
+                     ServerUnavailableError)
+from clients.errors import from_http, from_triton
 from conftest import REPO, free_port, metric, metrics, wait_for
-
-sys.path.insert(0, REPO)
-
-from clients import (AsyncGrpcClient, AsyncHttpClient, ChatTemplate, GrpcClient, HttpClient,  # noqa: E402
-                     InvalidRequestError, ModelNotReadyError, OverloadedError, RequestCancelledError,
-                     RequestTimeoutError, ServerError, ServerUnavailableError)
-from clients.errors import from_http, from_triton  # noqa: E402
-from tritonclient.utils import InferenceServerException  # noqa: E402
 
 pytestmark = pytest.mark.integration
 PROTOCOLS = ["grpc", "http"]

@@ -15,6 +15,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from clients.request import SAMPLING_INPUTS
 from conftest import metric, metrics, wait_for
 
 pytestmark = pytest.mark.integration
@@ -48,12 +49,7 @@ def generate_stream(server, **body) -> list[str]:
 
 
 def ensemble_inputs(module, prompt: str, **params):
-    types = {"max_tokens": ("INT32", np.int32), "stream": ("BOOL", bool), "exclude_input_in_output": ("BOOL", bool),
-             "end_id": ("INT32", np.int32), "ignore_eos": ("BOOL", bool), "return_log_probs": ("BOOL", bool),
-             "temperature": ("FP32", np.float32), "top_k": ("INT32", np.int32), "top_p": ("FP32", np.float32),
-             "seed": ("UINT64", np.uint64), "min_p": ("FP32", np.float32), "min_tokens": ("INT32", np.int32),
-             "repetition_penalty": ("FP32", np.float32), "presence_penalty": ("FP32", np.float32),
-             "frequency_penalty": ("FP32", np.float32)}
+    types = {**SAMPLING_INPUTS, "stream": ("BOOL", bool)}
     text = module.InferInput("text_input", [1, 1], "BYTES")
     text.set_data_from_numpy(np.array([[prompt.encode()]], dtype=np.object_))
     inputs = [text]

@@ -1,9 +1,9 @@
 """Turning each sequence's last logits into its next token.
 
 Order, per sequence: penalties (repetition, presence, frequency), bad words and the min_tokens ban on
-end-of-sequence tokens adjust the logits; then greedy takes the best, or sampling divides by the temperature, filters by top-k,
-top-p and min-p, and draws from the sequence's own generator, seeded once per request, so a seed gives the same
-tokens whatever else is in the batch.
+end-of-sequence tokens adjust the logits; then greedy takes the best, or sampling divides by the temperature,
+filters by top-k, top-p and min-p, and draws from the sequence's own generator, seeded once per request, so a
+seed gives the same tokens whatever else is in the batch.
 """
 
 from __future__ import annotations
