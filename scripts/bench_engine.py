@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark the engine on a ~30M-parameter GLM-4 it builds, against transformers, offline and through Triton.
 
-    .venv/bin/python scripts/bench_engine.py [--num-requests 32] [--json bench.json] [--skip-server]
+    .venv/bin/python scripts/bench_engine.py [--num-requests 32] [--repeat 3] [--json bench.json] [--skip-server]
 
 (run ./scripts/setup_env.sh requirements-test.txt once first: it installs transformers, the baseline). It measures, on one fixed, seeded mix
 of prompt lengths (16-512 tokens) and output lengths (16-256), every request running to its own length:
@@ -11,7 +11,8 @@ of prompt lengths (16-512 tokens) and output lengths (16-256), every request run
   - time to first token and inter-token latency (P50/P99) of the Triton run, as its clients see them;
   - KV waste at the engine's peak: allocated minus used token slots, over allocated;
   - the prefix-cache speed-up: time to first token of a request with a 1,000-token prefix, cold and then warm.
-It prints a table and writes JSON. Figures from one run only mean something relative to each other.
+It prints a table and writes JSON. Figures from one run only mean something relative to each other; --repeat N
+runs every measurement N times, round after round, and reports medians.
 """
 
 from __future__ import annotations
@@ -107,8 +108,9 @@ def bench_prefix_cache(model_dir: str, prefix_len: int = 1000) -> dict:
     return {"prefix_tokens": prefix_len, "ttft_cold_s": cold, "ttft_warm_s": warm, "speedup": cold / warm}
 
 
-def bench_triton(model_dir: str, requests) -> dict:
-    """One gRPC streaming client per request against the glm model, all started at once."""
+def bench_triton(model_dir: str, requests, outputs=("output_ids", "sequence_length")) -> dict:
+    """One gRPC streaming client per request against the glm model, all started at once. Like TensorRT-LLM's
+    streaming client, each asks for the outputs it reads (None: all of them)."""
     import tritonclient.grpc as grpcclient
     from triton_server import TritonServer
 
@@ -136,7 +138,8 @@ def bench_triton(model_dir: str, requests) -> dict:
             connection.start_stream(callback=lambda result, error: arrivals.put((time.perf_counter(), result, error)))
             barrier.wait()
             sent, times, tokens = time.perf_counter(), [], 0
-            connection.async_stream_infer("glm", inputs, enable_empty_final_response=True)
+            connection.async_stream_infer("glm", inputs, enable_empty_final_response=True, outputs=None if outputs is None
+                                          else [grpcclient.InferRequestedOutput(name) for name in outputs])
             while True:
                 when, result, error = arrivals.get(timeout=600)
                 if error is not None:
@@ -168,10 +171,77 @@ def bench_triton(model_dir: str, requests) -> dict:
             "itl_p50_s": percentile(itl, 50), "itl_p99_s": percentile(itl, 99)}
 
 
+RUNS = ("engine_through_triton", "engine_offline", "transformers_static_batches", "transformers_one_at_a_time")
+
+
+def run_round(model_dir: str, requests, batch_size: int, skip_server: bool) -> dict:
+    results = {}
+    for name, run in [("engine_offline", lambda: bench_engine_offline(model_dir, requests)),
+                      ("transformers_one_at_a_time", lambda: bench_transformers(model_dir, requests, 1)),
+                      ("transformers_static_batches", lambda: bench_transformers(model_dir, requests, batch_size)),
+                      ("prefix_cache", lambda: bench_prefix_cache(model_dir)),
+                      *([] if skip_server else [("engine_through_triton", lambda: bench_triton(model_dir, requests))])]:
+        print(f"[bench] {name}...", flush=True)
+        results[name] = run()
+        print(f"[bench]   {json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in results[name].items()})}",
+              flush=True)
+    return results
+
+
+def summarize(rounds: list[dict]) -> dict:
+    """Medians over rounds. Ratios are taken within each round (side by side), then their median."""
+    def median(values):
+        return float(np.median(values))
+
+    summary = {}
+    for name in RUNS:
+        if name not in rounds[0]:
+            continue
+        rates = [r[name]["tokens_per_s"] for r in rounds]
+        summary[name] = {
+            "tokens_per_s": median(rates), "tokens_per_s_range": [min(rates), max(rates)],
+            "vs_one_at_a_time": median([r[name]["tokens_per_s"] / r["transformers_one_at_a_time"]["tokens_per_s"]
+                                        for r in rounds]),
+            "vs_static_batches": median([r[name]["tokens_per_s"] / r["transformers_static_batches"]["tokens_per_s"]
+                                         for r in rounds]),
+        }
+    if "engine_through_triton" in rounds[0]:
+        summary["engine_through_triton"].update({key: median([r["engine_through_triton"][key] for r in rounds])
+                                                 for key in ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s")})
+    summary["kv_waste_at_peak"] = median([r["engine_offline"]["kv_waste_at_peak"] for r in rounds])
+    summary["prefix_cache"] = {key: median([r["prefix_cache"][key] for r in rounds])
+                               for key in ("ttft_cold_s", "ttft_warm_s", "speedup")}
+    return summary
+
+
+def print_summary(summary: dict, num_rounds: int, prefix_tokens: int) -> None:
+    spread = num_rounds > 1
+    print()
+    if spread:
+        print(f"Medians of {num_rounds} rounds; ratios within each round, then their median.")
+    print("| run | output tokens/s | vs transformers one at a time | vs static batches |\n|---|---|---|---|")
+    for name in RUNS:
+        if name in summary:
+            row = summary[name]
+            low, high = row["tokens_per_s_range"]
+            rate = f"{row['tokens_per_s']:.0f}" + (f" ({low:.0f}-{high:.0f})" if spread else "")
+            print(f"| {name} | {rate} | {row['vs_one_at_a_time']:.2f}x | {row['vs_static_batches']:.2f}x |")
+    if "engine_through_triton" in summary:
+        t = summary["engine_through_triton"]
+        print(f"\nThrough Triton: TTFT P50 {t['ttft_p50_s'] * 1000:.0f} ms, P99 {t['ttft_p99_s'] * 1000:.0f} ms; "
+              f"ITL P50 {t['itl_p50_s'] * 1000:.0f} ms, P99 {t['itl_p99_s'] * 1000:.0f} ms")
+    p = summary["prefix_cache"]
+    print(f"KV waste at peak: {summary['kv_waste_at_peak'] * 100:.1f}%")
+    print(f"Prefix cache ({prefix_tokens}-token prefix): TTFT {p['ttft_cold_s'] * 1000:.0f} ms cold, "
+          f"{p['ttft_warm_s'] * 1000:.0f} ms warm, {p['speedup']:.1f}x")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-requests", type=int, default=32)
     parser.add_argument("--batch-size", type=int, default=32, help="static batch size of baseline (b)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="rounds of every measurement, reported as medians (shared machines are noisy)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--skip-server", action="store_true", help="offline figures only")
     args = parser.parse_args(argv)
@@ -183,35 +253,17 @@ def main(argv: list[str] | None = None) -> int:
           f"{max(n for _, n in requests)} ({sum(n for _, n in requests)} in all); torch threads "
           f"{torch.get_num_threads()}", flush=True)
 
-    results = {}
-    for name, run in [("engine_offline", lambda: bench_engine_offline(model_dir, requests)),
-                      ("transformers_one_at_a_time", lambda: bench_transformers(model_dir, requests, 1)),
-                      ("transformers_static_batches", lambda: bench_transformers(model_dir, requests, args.batch_size)),
-                      ("prefix_cache", lambda: bench_prefix_cache(model_dir)),
-                      *([] if args.skip_server else [("engine_through_triton", lambda: bench_triton(model_dir, requests))])]:
-        print(f"[bench] {name}...", flush=True)
-        results[name] = run()
-        print(f"[bench]   {json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in results[name].items()})}",
-              flush=True)
-
-    one, static = results["transformers_one_at_a_time"]["tokens_per_s"], results["transformers_static_batches"]["tokens_per_s"]
-    print("\n| run | output tokens/s | vs transformers one at a time | vs static batches |\n|---|---|---|---|")
-    for name in ("engine_through_triton", "engine_offline", "transformers_static_batches", "transformers_one_at_a_time"):
-        if name in results:
-            rate = results[name]["tokens_per_s"]
-            print(f"| {name} | {rate:.0f} | {rate / one:.2f}x | {rate / static:.2f}x |")
-    if "engine_through_triton" in results:
-        t = results["engine_through_triton"]
-        print(f"\nThrough Triton ({t['clients']} streams): TTFT P50 {t['ttft_p50_s'] * 1000:.0f} ms, "
-              f"P99 {t['ttft_p99_s'] * 1000:.0f} ms; ITL P50 {t['itl_p50_s'] * 1000:.0f} ms, "
-              f"P99 {t['itl_p99_s'] * 1000:.0f} ms")
-    p = results["prefix_cache"]
-    print(f"KV waste at peak: {results['engine_offline']['kv_waste_at_peak'] * 100:.1f}%")
-    print(f"Prefix cache ({p['prefix_tokens']}-token prefix): TTFT {p['ttft_cold_s'] * 1000:.0f} ms cold, "
-          f"{p['ttft_warm_s'] * 1000:.0f} ms warm, {p['speedup']:.1f}x")
+    rounds = []
+    for index in range(args.repeat):
+        if args.repeat > 1:
+            print(f"[bench] round {index + 1} of {args.repeat}", flush=True)
+        rounds.append(run_round(model_dir, requests, args.batch_size, args.skip_server))
+    summary = summarize(rounds)
+    print_summary(summary, len(rounds), rounds[0]["prefix_cache"]["prefix_tokens"])
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"num_requests": len(requests), "torch_threads": torch.get_num_threads(), **results}, f, indent=2)
+            json.dump({"num_requests": len(requests), "torch_threads": torch.get_num_threads(), "summary": summary,
+                       "rounds": rounds}, f, indent=2)
         print(f"[bench] wrote {args.json}")
     return 0
 

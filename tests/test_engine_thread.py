@@ -14,7 +14,7 @@ def engine_thread(tmp_path_factory):
     from conftest import make_tiny_checkpoint
 
     model_dir = make_tiny_checkpoint(str(tmp_path_factory.mktemp("glm4-thread")), "glm4")[0]
-    thread = EngineThread(LLMEngine(EngineConfig(model_dir=model_dir, block_size=4, num_kv_blocks=64)))
+    thread = EngineThread(lambda: LLMEngine(EngineConfig(model_dir=model_dir, block_size=4, num_kv_blocks=64)))
     yield thread
     thread.shutdown()
 
@@ -30,6 +30,18 @@ class Collector:
         if output.finished:
             self.done.set()
         return self.stop_after is None or len(self.tokens) < self.stop_after
+
+
+def test_the_engine_is_built_on_its_own_thread_and_a_build_error_is_raised_to_the_caller():
+    built_on = []
+
+    def build_engine():
+        built_on.append(threading.current_thread().name)
+        raise ValueError("no checkpoint here")
+
+    with pytest.raises(ValueError, match="no checkpoint here"):
+        EngineThread(build_engine)
+    assert built_on == ["glm-engine"]
 
 
 def test_results_match_the_synchronous_engine(engine_thread):

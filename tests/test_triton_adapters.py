@@ -55,6 +55,17 @@ def test_stream_sends_whole_character_chunks_then_a_final_flag(tokenizer):
     assert all(r.outputs["sequence_length"].item() == r.outputs["output_ids"].shape[-1] for r, _ in sender.sent)
 
 
+def test_only_the_outputs_the_client_asked_for_are_sent(tokenizer):
+    everything, asked = Sender(), Sender()
+    for sender, outputs in ((everything, None), (asked, {"output_ids", "finish_reason"})):
+        stream = ResponseStream(sender, True, [], False, tokenizer, outputs=outputs)
+        stream.on_output(output(tokenizer.encode("ok", add_special_tokens=False)))
+        stream.on_output(output([], finished=True, reason=FinishReason.LENGTH))
+    assert all(set(r.outputs) == {"output_ids", "finish_reason"} for r, _ in asked.sent)
+    assert all(len(r.outputs) == 8 for r, _ in everything.sent)
+    assert asked.sent[-1][0].outputs["finish_reason"].item() == b"length"
+
+
 def test_single_response_echoes_the_prompt_and_closes(tokenizer):
     sender = Sender()
     stream = ResponseStream(sender, False, [7, 8], True, tokenizer)

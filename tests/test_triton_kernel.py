@@ -42,9 +42,8 @@ def test_decode_kernel_matches_the_torch_path(seed, num_heads, num_kv_heads, hea
         block_size=block_size, num_blocks=64, max_context=45)
     scale = head_dim ** -0.5
     meta = AttentionMetadata(
-        slot_mapping=torch.zeros(5, dtype=torch.long), block_tables=tables, query_lens=torch.ones(5, dtype=torch.long),
-        context_lens=context_lens, token_seq=torch.arange(5), token_offset=torch.zeros(5, dtype=torch.long),
-        max_query_len=1, max_context_len=int(context_lens.max()))
+        slot_mapping=torch.zeros(5, dtype=torch.long), block_tables=tables, context_lens=context_lens,
+        query_lens=[1] * 5, host_context_lens=context_lens.tolist())
     expected = paged_attention(q, k_cache, v_cache, meta, scale)
     got = paged_decode_attention(q, k_cache, v_cache, tables, context_lens, scale)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)

@@ -139,7 +139,7 @@ class EngineConfig:
         for key, text in parameters.items():
             if key not in known:
                 raise ValueError(f"unknown engine parameter {key!r}; known: {', '.join(sorted(known))}")
-            kind = {"int": int, "float": float, "str": str, "bool": _parse_bool}[known[key].type]
+            kind = {"int": int, "float": float, "str": str, "bool": parse_bool}[known[key].type]
             try:
                 values[key] = kind(text)
             except ValueError:
@@ -164,10 +164,14 @@ class EngineConfig:
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
 
 
-def _parse_bool(text: str) -> bool:
-    lowered = text.strip().lower()
+def parse_bool(value) -> bool:
+    """true/false, 1/0, yes/no or on/off in any case; a value that is not a string (JSON's true, 1) as Python sees it.
+    Engine parameters and request values (vLLM-style JSON) both go through here."""
+    if not isinstance(value, str):
+        return bool(value)
+    lowered = value.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
         return True
     if lowered in ("0", "false", "no", "off"):
         return False
-    raise ValueError(text)
+    raise ValueError(value)

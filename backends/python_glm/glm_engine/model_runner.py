@@ -91,16 +91,14 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, batch: list[ScheduledSequence]) -> torch.Tensor:
         """Run one step. Returns float32 logits [sequences that sample, vocab], in batch order."""
-        input_ids, positions, slots, token_seq, token_offset, last_token_rows = [], [], [], [], [], []
+        input_ids, positions, slots, last_token_rows = [], [], [], []
         query_lens, context_lens, tables = [], [], []
-        for index, item in enumerate(batch):
+        for item in batch:
             seq, start, count = item.seq, item.seq.num_computed_tokens, item.num_new_tokens
             input_ids += seq.token_ids[start:start + count]
             for pos in range(start, start + count):
                 positions.append(pos)
                 slots.append(seq.block_table[pos // self.block_size] * self.block_size + pos % self.block_size)
-            token_seq += [index] * count
-            token_offset += range(count)
             query_lens.append(count)
             context_lens.append(start + count)
             tables.append(seq.block_table)
@@ -116,12 +114,9 @@ class ModelRunner:
         meta = AttentionMetadata(
             slot_mapping=tensor(slots),
             block_tables=tensor(padded_tables),
-            query_lens=tensor(query_lens),
             context_lens=tensor(context_lens),
-            token_seq=tensor(token_seq),
-            token_offset=tensor(token_offset),
-            max_query_len=max(query_lens),
-            max_context_len=max(context_lens),
+            query_lens=query_lens,
+            host_context_lens=context_lens,
             use_decode_kernel=self.use_decode_kernel,
         )
         hidden = self.model(tensor(input_ids), tensor(positions), self.kv_caches, meta)

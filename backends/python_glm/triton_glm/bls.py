@@ -12,8 +12,8 @@ import triton_python_backend_utils as pb_utils
 
 from glm_engine.tokenizer import GlmTokenizer
 
-from .common import InputError, as_text, check_prompt, error_response, optional_scalar, required_array, \
-    resolve_model_dir
+from .common import InputError, as_text, check_prompt, cut_to_text_length, error_response, optional_scalar, \
+    required_array, resolve_model_dir
 
 # bls inputs that glm knows by another name (the ensemble's mapping). Every other input but text_input and stream
 # goes to glm as it is, so what bls accepts is what its config.pbtxt declares.
@@ -69,7 +69,7 @@ class Bls:
             last = {name: pb_utils.get_output_tensor_by_name(response, name).as_numpy() for name in PASSED_THROUGH}
         # glm answers once (streaming is off), so its text_length, if any, counts over all of token_ids.
         text = self.tokenizer.decode(token_ids)
-        text = np.array([[(text if text_length < 0 else text[:text_length]).encode("utf-8")]], dtype=np.object_)
+        text = np.array([[cut_to_text_length(text, text_length).encode("utf-8")]], dtype=np.object_)
         return pb_utils.InferenceResponse(output_tensors=[
             pb_utils.Tensor("text_output", text),
             pb_utils.Tensor("output_log_probs", np.array(logprobs, dtype=np.float32).reshape(1, 1, -1)),

@@ -60,3 +60,8 @@ def error_response(message: str, internal: bool = False):
 
 def as_text(value) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def cut_to_text_length(text: str, text_length: int) -> str:
+    """Apply glm's `text_length` output: a stop string began at that character; -1 keeps the whole text."""
+    return text if text_length < 0 else text[:text_length]

@@ -25,15 +25,15 @@ class GlmEngineModel:
     def __init__(self, args: dict, parameters: dict[str, str]):
         model_dir = resolve_model_dir(parameters, args)
         self.config = EngineConfig.from_parameters({**parameters, "model_dir": model_dir})
-        self.engine = LLMEngine(self.config)
         self.tokenizer = GlmTokenizer(model_dir)
         self.metrics = EngineMetrics(args["model_name"], args["model_version"])
-        self.engine_thread = EngineThread(self.engine, on_step=lambda: self.metrics.update(self.engine.stats()))
+        self.engine_thread = EngineThread(lambda: LLMEngine(self.config),
+                                          on_step=lambda engine: self.metrics.update(engine.stats()))
         self._request_ids = itertools.count()
         # Engine ids of the running requests, by the id the client gave them (Triton's request id), for `stop`.
         self._running: dict[str, set[str]] = {}
         self._running_lock = threading.Lock()
-        log.info("glm engine ready: %s, max_model_len %d", model_dir, self.engine.max_model_len)
+        log.info("glm engine ready: %s, max_model_len %d", model_dir, self.engine_thread.engine.max_model_len)
 
     def execute(self, requests):
         for request in requests:
@@ -47,7 +47,7 @@ class GlmEngineModel:
                     continue
                 prompt, params, stop_strings, streaming, echo_prompt = self._parse(request)
                 stream = ResponseStream(sender, streaming, prompt, echo_prompt, self.tokenizer, stop_strings,
-                                        self.metrics)
+                                        self.metrics, outputs=set(request.requested_output_names()))
                 self._submit(request.request_id(), prompt, params, stream)
             except ValueError as exc:  # InputError, or the engine's own checks
                 sender.send(error_response(str(exc)), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -113,16 +113,20 @@ class GlmEngineModel:
 
 class ResponseStream:
     """One request's responses. Streaming: a response whenever new tokens complete some text; otherwise one
-    response with everything at the end. The last response carries the final flag. Every response has all the
-    outputs: finish_reason is empty until the last one; counts and log-probs cover the tokens sent so far.
+    response with everything at the end. The last response carries the final flag. Every response has every
+    output the client asked for: finish_reason is empty until the last one; counts and log-probs cover the tokens
+    sent so far.
 
     Generated tokens pass through two gates before they are sent: whole characters only (CompleteTextChunker),
     then nothing that could be the start of a stop string (StopStringFilter). A stop string ends the request
     (finish_reason "stop"); its text and what follows are cut off by `text_length`."""
 
     def __init__(self, sender, streaming: bool, prompt: list[int], echo_prompt: bool, tokenizer: GlmTokenizer,
-                 stop_strings: list[str] = (), metrics: EngineMetrics | None = None):
+                 stop_strings: list[str] = (), metrics: EngineMetrics | None = None, outputs: set[str] | None = None):
+        """`outputs`: the output names the client asked for (Triton asks for all when the client names none); only
+        those are sent. Each tensor costs a copy through shared memory and gRPC or JSON encoding, every token."""
         self.sender = sender
+        self.outputs = outputs
         self.streaming = streaming
         self.num_input_tokens = len(prompt)
         self.echo = list(prompt) if echo_prompt else []
@@ -213,14 +217,17 @@ class ResponseStream:
         del self.unsent_logprobs[:num_generated]
         self.num_sent += num_generated
         self.cum_logprob += sum(logprobs)
+        values = {
+            "output_ids": np.array(token_ids, dtype=np.int32).reshape(1, 1, -1),
+            "sequence_length": np.array([[len(token_ids)]], dtype=np.int32),
+            "text_length": np.array([[-1 if keep_chars is None else keep_chars]], dtype=np.int32),
+            "finish_reason": np.array([[reason.encode()]], dtype=np.object_),
+            "num_input_tokens": np.array([[self.num_input_tokens]], dtype=np.int32),
+            "num_output_tokens": np.array([[self.num_sent]], dtype=np.int32),
+            "output_log_probs": np.array(logprobs, dtype=np.float32).reshape(1, 1, -1),
+            "cum_log_probs": np.array([[self.cum_logprob]], dtype=np.float32),
+        }
         response = pb_utils.InferenceResponse(output_tensors=[
-            pb_utils.Tensor("output_ids", np.array(token_ids, dtype=np.int32).reshape(1, 1, -1)),
-            pb_utils.Tensor("sequence_length", np.array([[len(token_ids)]], dtype=np.int32)),
-            pb_utils.Tensor("text_length", np.array([[-1 if keep_chars is None else keep_chars]], dtype=np.int32)),
-            pb_utils.Tensor("finish_reason", np.array([[reason.encode()]], dtype=np.object_)),
-            pb_utils.Tensor("num_input_tokens", np.array([[self.num_input_tokens]], dtype=np.int32)),
-            pb_utils.Tensor("num_output_tokens", np.array([[self.num_sent]], dtype=np.int32)),
-            pb_utils.Tensor("output_log_probs", np.array(logprobs, dtype=np.float32).reshape(1, 1, -1)),
-            pb_utils.Tensor("cum_log_probs", np.array([[self.cum_logprob]], dtype=np.float32)),
-        ])
+            pb_utils.Tensor(name, value) for name, value in values.items()
+            if self.outputs is None or name in self.outputs])
         self.sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)

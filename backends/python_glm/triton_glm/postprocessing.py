@@ -8,7 +8,7 @@ import triton_python_backend_utils as pb_utils
 
 from glm_engine.tokenizer import GlmTokenizer
 
-from .common import InputError, error_response, required_array, resolve_model_dir
+from .common import InputError, cut_to_text_length, error_response, required_array, resolve_model_dir
 
 
 class Postprocessing:
@@ -33,7 +33,7 @@ class Postprocessing:
         text_lengths = pb_utils.get_input_tensor_by_name(request, "TEXT_LENGTH")
         if text_lengths is not None:
             limits = text_lengths.as_numpy().reshape(-1).tolist()
-            texts = [text if limit < 0 else text[:limit] for text, limit in zip(texts, limits)]
+            texts = [cut_to_text_length(text, limit) for text, limit in zip(texts, limits)]
         output = np.array([t.encode("utf-8") for t in texts], dtype=np.object_).reshape(lengths.shape)
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT", output)])
 

@@ -9,18 +9,9 @@ import json
 import triton_python_backend_utils as pb_utils
 
 from glm_engine import SamplingParams
+from glm_engine.config import parse_bool
 
 from .common import InputError, as_text, optional_scalar
-
-
-def _to_bool(value) -> bool:
-    if isinstance(value, str):
-        if value.strip().lower() in ("true", "1", "yes"):
-            return True
-        if value.strip().lower() in ("false", "0", "no"):
-            return False
-        raise ValueError(value)
-    return bool(value)
 
 
 def _vllm_top_k(value) -> int:
@@ -106,7 +97,7 @@ def sampling_params(request, default_max_tokens: int, tokenizer=None) -> tuple[S
         stop_token_ids = (end_id,)
     ignore_eos = optional_scalar(request, "ignore_eos", None, bool)
     if ignore_eos is None and "ignore_eos" in from_json:
-        ignore_eos = json_value("ignore_eos", _to_bool)
+        ignore_eos = json_value("ignore_eos", parse_bool)
     if ignore_eos:
         stop_token_ids = ()
     logprobs = any(optional_scalar(request, name, False, bool) for name in LOGPROB_SWITCHES)
