@@ -27,6 +27,23 @@ def test_sharded_checkpoint_loads_and_matches(tiny_model, tmp_path):
     assert LLMEngine(EngineConfig(model_dir=sharded, num_kv_blocks=16)).generate([prompt], params) == single
 
 
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_linear_layer_stored_transposed_computes_the_same(bias):
+    """The CPU stores Linear weights transposed (glm_model.Linear); CUDA keeps nn.Linear's layout."""
+    import torch
+
+    from glm_engine.glm_model import Linear
+
+    torch.manual_seed(0)
+    layer = Linear(24, 40, bias=bias)
+    x = torch.randn(5, 24)
+    expected = [layer(x[:1]), layer(x)]
+    layer.transpose_weight()
+    assert layer.weight.shape == (24, 40)
+    for got, want in zip([layer(x[:1]), layer(x)], expected):
+        torch.testing.assert_close(got, want)
+
+
 def test_missing_directory_and_config(tmp_path):
     with pytest.raises(CheckpointError, match="does not exist"):
         ModelConfig.from_checkpoint(str(tmp_path / "nowhere"))

@@ -26,6 +26,25 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(x.dtype)
 
 
+class Linear(nn.Linear):
+    """nn.Linear, with its parameter names (so checkpoints load), whose weight may be stored transposed. On the CPU,
+    MKL multiplies a few rows by an [in, out] matrix up to 1.9x faster than by nn.Linear's [out, in] one: 23% off a
+    batch-1 decode step, 3% at batches 4 and 32, side by side. cuBLAS needs no such help."""
+
+    transposed = False
+
+    def transpose_weight(self) -> None:
+        self.weight = nn.Parameter(self.weight.t().contiguous(), requires_grad=False)
+        self.transposed = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.transposed:
+            return super().forward(x)
+        if self.bias is None:
+            return x @ self.weight
+        return torch.addmm(self.bias, x, self.weight)
+
+
 class RotaryEmbedding:
     """Rotary embedding over the first `rotary_dim` channels of each head, on interleaved pairs (GPT-J style)."""
 
@@ -61,21 +80,24 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=False)
+        self.o_proj = Linear(self.num_heads * self.head_dim, hidden, bias=False)
         self.scale = self.head_dim ** -0.5
 
     def fuse_qkv(self) -> None:
         """Stack the q, k and v projections: one matmul a layer instead of three. With queries and keys rotated
         together, this took 2.5% off a CPU decode step at batch 32 and 4.5% at batch 4 (side by side)."""
         projections = (self.q_proj, self.k_proj, self.v_proj)
-        self.qkv_weight = nn.Parameter(torch.cat([p.weight for p in projections]), requires_grad=False)
-        biases = [p.bias for p in projections]
-        self.qkv_bias = None if biases[0] is None else nn.Parameter(torch.cat(biases), requires_grad=False)
+        with torch.device("meta"):  # no memory for initial weights: they are replaced at once
+            self.qkv_proj = Linear(self.q_proj.in_features, sum(p.out_features for p in projections),
+                                   bias=self.q_proj.bias is not None)
+        self.qkv_proj.weight = nn.Parameter(torch.cat([p.weight for p in projections]), requires_grad=False)
+        if self.qkv_proj.bias is not None:
+            self.qkv_proj.bias = nn.Parameter(torch.cat([p.bias for p in projections]), requires_grad=False)
         del self.q_proj, self.k_proj, self.v_proj
 
     def forward(self, x, rotary: RotaryEmbedding, angles, kv_cache, meta: AttentionMetadata):
         tokens, heads, kv_heads = x.shape[0], self.num_heads, self.num_kv_heads
-        qkv = F.linear(x, self.qkv_weight, self.qkv_bias).view(tokens, heads + 2 * kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x).view(tokens, heads + 2 * kv_heads, self.head_dim)
         q, k = rotary.rotate(qkv[:, :heads + kv_heads], angles).split([heads, kv_heads], dim=1)
         v = qkv[:, heads + kv_heads:]
         k_cache, v_cache = kv_cache
@@ -87,8 +109,8 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x):
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -132,7 +154,7 @@ class GlmForCausalLM(nn.Module):
         self.config = config
         self.model = Backbone(config)
         self.rotary = RotaryEmbedding(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
         """input_ids, positions: [tokens]; kv_caches: one (k, v) pair per layer. Returns hidden states [tokens, hidden]."""
@@ -145,8 +167,10 @@ class GlmForCausalLM(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
 
-    def load_weights(self, state: dict[str, torch.Tensor]) -> None:
-        if self.config.tie_word_embeddings and "lm_head.weight" not in state:
+    def load_weights(self, state: dict[str, torch.Tensor], transpose_linears: bool = False) -> None:
+        """Load a checkpoint's tensors; `transpose_linears` stores the Linear weights transposed (for the CPU)."""
+        tied = self.config.tie_word_embeddings and "lm_head.weight" not in state
+        if tied:
             state = {**state, "lm_head.weight": state["model.embed_tokens.weight"]}
         # Some exporters store the rotary frequencies; they are recomputed here.
         state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
@@ -158,3 +182,7 @@ class GlmForCausalLM(nn.Module):
             )
         for layer in self.model.layers:
             layer.self_attn.fuse_qkv()
+        if transpose_linears:
+            for module in self.modules():
+                if isinstance(module, Linear) and not (tied and module is self.lm_head):  # a copy would double it
+                    module.transpose_weight()

@@ -57,7 +57,8 @@ class ModelRunner:
         # Built on the meta device so no memory is spent on random initial weights, then filled from the files.
         with torch.device("meta"):
             self.model = GlmForCausalLM(model_config)
-        self.model.load_weights(load_state_dict(config.model_dir, self.dtype, self.device))
+        self.model.load_weights(load_state_dict(config.model_dir, self.dtype, self.device),
+                                transpose_linears=self.device.type == "cpu")
         self.model.eval()
 
         self.num_blocks = config.num_kv_blocks or self._blocks_that_fit(config)

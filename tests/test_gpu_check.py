@@ -1,0 +1,39 @@
+"""scripts/gpu_check.py, the check a GPU machine runs, in its --smoke form: tiny shapes on the CPU, the kernel
+under Triton's interpreter. It shows that the script runs end to end and writes what the docs say it writes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("triton")
+
+import gpu_check  # noqa: E402
+
+
+def test_the_smoke_run_checks_the_kernel_and_measures_every_batch(tmp_path):
+    path = tmp_path / "gpu_check.json"
+    assert gpu_check.main(["--smoke", "--json", str(path)]) == 0
+    results = json.loads(path.read_text())
+    assert results["kernel"] and all(check["ok"] for check in results["kernel"])
+    assert results["bandwidth_bytes_per_s"] > 0
+    assert [row["batch"] for row in results["decode"]] == [1, 2]
+    for row in results["decode"]:
+        assert row["tokens_per_s"] > 0 and row["bandwidth_limit_tokens_per_s"] > 0
+        assert row["step_ms_cuda_graph"] is None  # CUDA graphs are measured on CUDA only
+
+
+def test_the_glm4_9b_shape_is_the_published_one():
+    config = gpu_check.ModelConfig.from_dict(gpu_check.GLM4_9B)
+    with gpu_check.torch.device("meta"):
+        model = gpu_check.GlmForCausalLM(config)
+    assert 9.3e9 < sum(p.numel() for p in model.parameters()) < 9.5e9
+    assert (config.num_heads, config.num_kv_heads, config.head_dim, config.rotary_dim) == (32, 2, 128, 64)
+
+
+def test_a_wrong_kernel_fails_the_check(tmp_path, monkeypatch):
+    import glm_engine.triton_attention as triton_attention
+
+    monkeypatch.setattr(triton_attention, "paged_decode_attention", lambda q, *args: gpu_check.torch.zeros_like(q))
+    assert gpu_check.main(["--smoke", "--json", str(tmp_path / "gpu_check.json")]) == 1
