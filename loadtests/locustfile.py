@@ -27,11 +27,9 @@ grpc.experimental.gevent.init_gevent()
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from prompts import RequestMix, parse_range  # noqa: E402
+from prompts import REQUEST_NAMES, RequestMix, parse_range  # noqa: E402
 
 MODEL = "ensemble"
-# The Locust entries that are whole requests; "<name> TTFT" and "<name> ITL" hold the timings within them.
-REQUEST_NAMES = ("generate", "generate_stream", "grpc_stream")
 _user_numbers = itertools.count()
 
 

@@ -1,5 +1,7 @@
 """Seeded request mixes for the load tests: prompt and output lengths drawn from ranges, and a scenario where
-every prompt starts with the same long system prompt (what prefix reuse is for)."""
+every prompt starts with the same long system prompt (what prefix reuse is for). Also the names of the Locust
+entries the users record, which the runner reads back (the runner cannot import the locustfile: that patches
+gevent and grpc)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,9 @@ from dataclasses import dataclass
 WORDS = ("the model reads a prompt and writes an answer one token at a time while the cache keeps keys and values "
          "for every block of tokens so that later steps need not compute them again the server batches requests "
          "together and streams text back as soon as it is ready").split()
+# The Locust entries that are whole requests (their content size is the output tokens); "<name> TTFT" and
+# "<name> ITL" hold the timings within them.
+REQUEST_NAMES = ("generate", "generate_stream", "grpc_stream")
 SYSTEM_PROMPT = ("You are a careful assistant. Answer in plain words, keep to the facts you are given, and say so "
                  "when you do not know. ") * 8
 

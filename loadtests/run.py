@@ -21,10 +21,11 @@ import time
 from urllib.parse import urlparse
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from prompts import REQUEST_NAMES  # noqa: E402
+
 USER_CLASSES = ("HttpGenerateUser", "HttpStreamUser", "GrpcStreamUser")
-# The Locust entries that are whole requests (their content size is the output tokens); TTFT / ITL entries are
-# named after them.
-REQUEST_ENTRIES = ("generate", "generate_stream", "grpc_stream")
 PERCENTILES = {"p50": "50%", "p95": "95%", "p99": "99%"}
 
 
@@ -68,7 +69,7 @@ def summarize(prefix: str, users: int, label: str, wall_s: float) -> dict:
         row = max(present, key=lambda r: int(r["Request Count"]))
         return {key: float(row[column]) for key, column in PERCENTILES.items()}
 
-    requests = [rows[n] for n in REQUEST_ENTRIES if n in rows]
+    requests = [rows[n] for n in REQUEST_NAMES if n in rows]
     count = sum(int(r["Request Count"]) for r in requests)
     return {
         "label": label, "users": users, "wall_s": round(wall_s, 1), "requests": count,
@@ -76,9 +77,9 @@ def summarize(prefix: str, users: int, label: str, wall_s: float) -> dict:
         "requests_per_s": round(sum(float(r["Requests/s"]) for r in requests), 3),
         "output_tokens_per_s": round(sum(float(r["Requests/s"]) * float(r["Average Content Size"])
                                          for r in requests), 1),
-        "latency_ms": percentiles(list(REQUEST_ENTRIES)),
-        "ttft_ms": percentiles([n + " TTFT" for n in REQUEST_ENTRIES]),
-        "itl_ms": percentiles([n + " ITL" for n in REQUEST_ENTRIES]),
+        "latency_ms": percentiles(list(REQUEST_NAMES)),
+        "ttft_ms": percentiles([n + " TTFT" for n in REQUEST_NAMES]),
+        "itl_ms": percentiles([n + " ITL" for n in REQUEST_NAMES]),
         "report": os.path.basename(prefix) + ".html",
         "entries": {name: {"requests": int(row["Request Count"]), "failures": int(row["Failure Count"]),
                            **{key: float(row[column]) for key, column in PERCENTILES.items()}}

@@ -1,6 +1,7 @@
 """The GLM / GLM-4 forward pass over a flat batch of tokens, reading and writing the paged KV cache.
 
-Parameter names match Hugging Face's, so a checkpoint loads with `load_state_dict(strict=True)`.
+Parameter names match Hugging Face's, so a checkpoint loads with `load_state_dict`; load_weights() then fuses
+each layer's q/k/v projections and, on the CPU, stores Linear weights transposed.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class Linear(nn.Linear):
         self.transposed = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [tokens, in_features], as everywhere in this model."""
         if not self.transposed:
             return super().forward(x)
         if self.bias is None:
