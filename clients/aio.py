@@ -17,7 +17,7 @@ from tritonclient.utils import InferenceServerException
 
 from .client import CANCEL_TIMEOUT_S, ClientSettings, Deadline, event_piece
 from .errors import GlmError, RequestTimeoutError, ServerUnavailableError, from_http, from_triton, message_from_body
-from .request import Generation, Piece, generate_body, stop_body, stop_inputs, triton_inputs
+from .request import Generation, Piece, generate_body, model_url, stop_body, stop_inputs, triton_inputs
 from .stream import AsyncTextStream
 
 
@@ -136,8 +136,7 @@ class AsyncHttpClient(AsyncClientBase):
         return await self._get_ok(f"http://{self.url}/v2/health/ready")
 
     async def is_model_ready(self, model: str | None = None) -> bool:
-        versioned = f"/versions/{self.model_version}" if self.model_version else ""
-        return await self._get_ok(f"http://{self.url}/v2/models/{model or self.model}{versioned}/ready")
+        return await self._get_ok(model_url(self.url, model or self.model, "ready", self.model_version))
 
     async def _get_ok(self, url: str) -> bool:
         try:
@@ -146,13 +145,9 @@ class AsyncHttpClient(AsyncClientBase):
         except aiohttp.ClientConnectionError as exc:
             raise ServerUnavailableError(f"no server at {self.url}: {exc}") from None
 
-    def _endpoint(self, model: str, name: str, version: str = "") -> str:
-        versioned = f"/versions/{version}" if version else ""
-        return f"http://{self.url}/v2/models/{model}{versioned}/{name}"
-
     async def _pieces(self, prompt: str, stream: bool, values: dict, request_id: str):
         deadline = Deadline(self.timeout)
-        url = self._endpoint(self.model, "generate_stream" if stream else "generate", self.model_version)
+        url = model_url(self.url, self.model, "generate_stream" if stream else "generate", self.model_version)
         finished = False
         try:
             response = await self._with_deadline(
@@ -188,7 +183,7 @@ class AsyncHttpClient(AsyncClientBase):
     async def cancel(self, request_id: str) -> bool:
         """See HttpClient.cancel."""
         try:
-            async with self._http().post(self._endpoint(self.engine_model, "generate"),
+            async with self._http().post(model_url(self.url, self.engine_model, "generate"),
                                          json=stop_body(request_id),
                                          timeout=aiohttp.ClientTimeout(total=CANCEL_TIMEOUT_S)) as reply:
                 return reply.status == 200

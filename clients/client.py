@@ -19,8 +19,8 @@ from tritonclient.utils import InferenceServerException
 
 from .chat import ChatTemplate
 from .errors import GlmError, RequestTimeoutError, ServerUnavailableError, from_http, from_triton, message_from_body
-from .request import (ENGINE_MODEL, Generation, Piece, generate_body, request_values, stop_body, stop_inputs,
-                      triton_inputs)
+from .request import (ENGINE_MODEL, Generation, Piece, generate_body, model_url, request_values, stop_body,
+                      stop_inputs, triton_inputs)
 from .stream import TextStream
 
 # How long a cancellation (the `stop` request) may take before the client gives up on it.
@@ -198,13 +198,9 @@ class HttpClient(ClientBase):
         self._client = httpclient.InferenceServerClient(self.url)
         self._session = requests.Session()
 
-    def _endpoint(self, model: str, version: str, name: str) -> str:
-        versioned = f"/versions/{version}" if version else ""
-        return f"http://{self.url}/v2/models/{model}{versioned}/{name}"
-
     def _pieces(self, prompt: str, stream: bool, values: dict, request_id: str):
         deadline = Deadline(self.timeout)
-        url = self._endpoint(self.model, self.model_version, "generate_stream" if stream else "generate")
+        url = model_url(self.url, self.model, "generate_stream" if stream else "generate", self.model_version)
         finished = False
         try:
             response = self._session.post(url, json=generate_body(prompt, stream, values, request_id), stream=True,
@@ -243,7 +239,7 @@ class HttpClient(ClientBase):
         """Stop a running request by its id (see GrpcClient.cancel). Closing an event stream does not stop the
         request in Triton 2.51, so leaving a stream early sends this."""
         try:
-            reply = self._session.post(self._endpoint(self.engine_model, "", "generate"),
+            reply = self._session.post(model_url(self.url, self.engine_model, "generate"),
                                        json=stop_body(request_id), timeout=CANCEL_TIMEOUT_S)
             return reply.status_code == 200
         except requests.RequestException:

@@ -53,6 +53,12 @@ def triton_inputs(module, prompt: str, stream: bool, sampling: dict) -> list:
     return inputs
 
 
+def model_url(server: str, model: str, endpoint: str, version: str = "") -> str:
+    """A model's HTTP endpoint (generate, generate_stream, ready), of one version or of the server's choice."""
+    versioned = f"/versions/{version}" if version else ""
+    return f"http://{server}/v2/models/{model}{versioned}/{endpoint}"
+
+
 def generate_body(prompt: str, stream: bool, sampling: dict, request_id: str) -> dict:
     """The JSON body of the generate / generate_stream endpoints."""
     return {"id": request_id, "text_input": prompt, "stream": stream, **request_values(sampling)}

@@ -12,7 +12,6 @@ events), GrpcStreamUser (gRPC bidirectional streaming through tritonclient.grpc)
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import sys
 import time
@@ -27,6 +26,7 @@ grpc.experimental.gevent.init_gevent()
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from clients.client import event_piece  # noqa: E402
 from prompts import REQUEST_NAMES, RequestMix, parse_range  # noqa: E402
 
 MODEL = "ensemble"
@@ -118,14 +118,12 @@ class HttpStreamUser(GlmUser):
                 if response.status_code != 200:
                     raise RuntimeError(f"HTTP {response.status_code}: {response.text[:200]}")
                 for line in response.iter_lines(decode_unicode=True):
-                    if not line.startswith("data: "):
+                    piece = event_piece(line)  # the SDK's reading of an event; raises the server's error
+                    if piece is None:
                         continue
-                    event = json.loads(line[len("data: "):])
-                    if "error" in event:
-                        raise RuntimeError(event["error"])
-                    if event.get("text_output"):
+                    if piece.text:
                         token_times.append(time.perf_counter())
-                    output_tokens = event.get("num_output_tokens", output_tokens)
+                    output_tokens = piece.num_output_tokens or output_tokens
         except Exception as exc:  # recorded as a Locust failure, with its message
             error = exc
         self.record("HTTP", "generate_stream", started, output_tokens, error)

@@ -62,6 +62,7 @@ class Timer:
 
 
 def random_decode_batch(num_seqs, num_heads, num_kv_heads, head_dim, block_size, max_context, device, dtype, seed):
+    """One decode step on a random, fragmented block layout (tests/test_triton_kernel.py uses it too)."""
     generator = torch.Generator().manual_seed(seed)
     context_lens = torch.randint(1, max_context + 1, (num_seqs,), generator=generator)
     max_blocks = -(-int(context_lens.max()) // block_size)

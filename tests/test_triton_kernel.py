@@ -15,19 +15,7 @@ assert os.environ.get("TRITON_INTERPRET") == "1", "conftest.py sets it before tr
 
 from glm_engine.attention import AttentionMetadata, paged_attention  # noqa: E402
 from glm_engine.triton_attention import paged_decode_attention  # noqa: E402
-
-
-def random_decode_batch(seed, num_seqs, num_heads, num_kv_heads, head_dim, block_size, num_blocks, max_context):
-    generator = torch.Generator().manual_seed(seed)
-    k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=generator)
-    v_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=generator)
-    context_lens = torch.randint(1, max_context + 1, (num_seqs,), generator=generator)
-    max_blocks = -(-int(context_lens.max()) // block_size)
-    # Each sequence gets distinct blocks in a random order, as a fragmented pool would give them.
-    order = torch.randperm(num_blocks, generator=generator)[: num_seqs * max_blocks]
-    block_tables = order.view(num_seqs, max_blocks)
-    q = torch.randn(num_seqs, num_heads, head_dim, generator=generator)
-    return q, k_cache, v_cache, block_tables, context_lens
+from gpu_check import random_decode_batch  # noqa: E402  (the GPU check's random block layouts)
 
 
 @pytest.mark.parametrize("seed, num_heads, num_kv_heads, head_dim, block_size", [
@@ -38,8 +26,8 @@ def random_decode_batch(seed, num_seqs, num_heads, num_kv_heads, head_dim, block
 ])
 def test_decode_kernel_matches_the_torch_path(seed, num_heads, num_kv_heads, head_dim, block_size):
     q, k_cache, v_cache, tables, context_lens = random_decode_batch(
-        seed, num_seqs=5, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-        block_size=block_size, num_blocks=64, max_context=45)
+        num_seqs=5, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=block_size,
+        max_context=45, device=torch.device("cpu"), dtype=torch.float32, seed=seed)
     scale = head_dim ** -0.5
     meta = AttentionMetadata(
         slot_mapping=torch.zeros(5, dtype=torch.long), block_tables=tables, context_lens=context_lens,
