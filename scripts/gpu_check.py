@@ -12,7 +12,11 @@ It prints what it measures and writes JSON:
      size, every sequence with --context tokens in the paged cache. Tokens/s are batch / step time, against the
      bandwidth limit: the step has to read all weights and every sequence's keys and values once, so it cannot
      take less than those bytes over the measured bandwidth. The step is the model alone (no scheduling or
-     sampling), timed eagerly and replayed from a CUDA graph, which tells where CUDA graphs pay.
+     sampling), timed eagerly and replayed from the engine's CUDA graphs (glm_engine/cuda_graph.py, inputs copied
+     from host lists as the engine does), which tells where CUDA graphs pay; replayed logits must match eager
+     ones;
+  4. engine: the whole engine on a small random GLM-4 checkpoint, with its CUDA graphs and without (greedy tokens
+     must agree), and the output tokens/s of each.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 
 import torch
@@ -30,12 +35,16 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "backends", "python_glm")
 
 from glm_engine.attention import AttentionMetadata, _decode_attention  # noqa: E402
 from glm_engine.config import ModelConfig  # noqa: E402
+from glm_engine.cuda_graph import DecodeGraphs  # noqa: E402
 from glm_engine.glm_model import GlmForCausalLM  # noqa: E402
 
 # THUDM/glm-4-9b-chat-hf's config.json, the parts the forward pass reads.
 GLM4_9B = dict(model_type="glm", vocab_size=151552, hidden_size=4096, intermediate_size=13696, num_hidden_layers=40,
                num_attention_heads=32, num_key_value_heads=2, head_dim=128, partial_rotary_factor=0.5,
                rms_norm_eps=1.5625e-07, attention_bias=True)
+# A small GLM-4 for the engine check: small enough that launch overhead, which CUDA graphs remove, shows.
+SMALL_GLM4 = dict(GLM4_9B, model_type="glm4", vocab_size=4096, hidden_size=512, intermediate_size=1376,
+                  num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2, head_dim=64)
 TINY = dict(GLM4_9B, vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, head_dim=16)
 
@@ -110,15 +119,21 @@ def measure_bandwidth(device: torch.device, megabytes: int) -> float:
     return bandwidth
 
 
+def random_checkpoint_state(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> dict:
+    """Random weights under the checkpoint's names and shapes."""
+    with torch.device("meta"):
+        names_and_shapes = {name: p.shape for name, p in GlmForCausalLM(config).state_dict().items()}
+    generator = torch.Generator(device=device).manual_seed(0)
+    return {name: (torch.ones(shape, device=device, dtype=dtype) if name.endswith("norm.weight")
+                   else torch.randn(shape, generator=generator, device=device, dtype=dtype) * 0.02)
+            for name, shape in names_and_shapes.items()}
+
+
 def build_random_model(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> GlmForCausalLM:
-    """Random weights with the checkpoint's names and shapes, loaded as a checkpoint would be."""
+    """Random weights, loaded as a checkpoint would be."""
     with torch.device("meta"):
         model = GlmForCausalLM(config)
-    generator = torch.Generator(device=device).manual_seed(0)
-    state = {name: (torch.ones(p.shape, device=device, dtype=dtype) if name.endswith("norm.weight")
-                    else torch.randn(p.shape, generator=generator, device=device, dtype=dtype) * 0.02)
-             for name, p in model.state_dict().items()}
-    model.load_weights(state)
+    model.load_weights(random_checkpoint_state(config, device, dtype))
     return model.eval()
 
 
@@ -146,7 +161,8 @@ def measure_decode(config: ModelConfig, batches: list[int], context: int, device
     results = []
     for batch in batches:
         input_ids, positions, meta, num_blocks = decode_inputs(config, batch, context, block_size, device)
-        kv_cache = torch.randn(config.num_layers, 2, num_blocks, block_size, config.num_kv_heads, config.head_dim,
+        # One block more than the sequences use: the scratch block of the graphs' padding rows.
+        kv_cache = torch.randn(config.num_layers, 2, num_blocks + 1, block_size, config.num_kv_heads, config.head_dim,
                                device=device, dtype=dtype)
         kv_caches = [(layer[0], layer[1]) for layer in kv_cache]
 
@@ -155,34 +171,72 @@ def measure_decode(config: ModelConfig, batches: list[int], context: int, device
             return model.logits(model(input_ids, positions, kv_caches, meta))
 
         eager = timer.time(step, repeats)
-        graphed = None
-        if device.type == "cuda":
-            graphed = timer.time(capture(step), repeats)
+        # The engine's own CUDA graphs (glm_engine/cuda_graph.py), fed from host lists as the engine feeds them.
+        graphs = DecodeGraphs(model, kv_caches, [batch], max_blocks_per_seq=meta.block_tables.shape[1],
+                              scratch_block=num_blocks, block_size=block_size, device=device,
+                              use_decode_kernel=meta.use_decode_kernel, record=device.type == "cuda")
+        host_inputs = (input_ids.tolist(), positions.tolist(), meta.slot_mapping.tolist(), meta.block_tables.tolist(),
+                       meta.host_context_lens)
+
+        @torch.inference_mode()
+        def graph_step():
+            return graphs.run(*host_inputs)
+
+        # Same kernels on the same shapes: replayed logits must equal eager ones but for rounding.
+        expected, got = step(), graph_step()
+        graph_error = ((got - expected).abs().max() / expected.abs().max()).item()
+        graphed = timer.time(graph_step, repeats) if device.type == "cuda" else None
         # Weights once, plus each sequence's keys and values (the new token's are written, not read).
         kv_bytes = batch * context * config.num_layers * 2 * config.num_kv_heads * config.head_dim * dtype.itemsize
         floor = (weight_bytes + kv_bytes) / bandwidth
         best = min(t for t in (eager, graphed) if t is not None)
         results.append({"batch": batch, "context": context, "step_ms_eager": eager * 1e3,
                         "step_ms_cuda_graph": None if graphed is None else graphed * 1e3,
+                        "graph_vs_eager_relative_error": graph_error, "graph_ok": graph_error <= 1e-2,
                         "tokens_per_s": batch / best, "bandwidth_limit_tokens_per_s": batch / floor,
                         "fraction_of_bandwidth_limit": floor / best,
                         "bytes_per_step_gb": (weight_bytes + kv_bytes) / 1e9})
         print(f"[decode] {results[-1]}", flush=True)
-        del kv_cache, kv_caches
+        del kv_cache, kv_caches, graphs
     return results
 
 
-def capture(step):
-    """step() recorded into a CUDA graph, after a warm-up on a side stream; returns its replay."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    return graph.replay
+def check_engine(raw_config: dict, device: torch.device, num_prompts: int, max_tokens: int) -> dict:
+    """The whole engine on a random checkpoint written to disk, float32, with its CUDA graphs and without: greedy
+    tokens must agree, and the output tokens/s of each run tell what the graphs give a real decode loop.
+    (On the CPU nothing is recorded, so both runs are eager: the smoke run checks only the script.)"""
+    from safetensors.torch import save_file
+
+    from glm_engine import EngineConfig, LLMEngine, SamplingParams
+
+    config = ModelConfig.from_dict(raw_config)
+    generator = torch.Generator().manual_seed(3)
+    lengths = torch.randint(8, 200, (num_prompts,), generator=generator).tolist()
+    prompts = [torch.randint(0, config.vocab_size, (n,), generator=generator).tolist() for n in lengths]
+    params = SamplingParams(max_tokens=max_tokens, stop_token_ids=())  # no end token: every prompt runs to the end
+    runs = {}
+    with tempfile.TemporaryDirectory() as model_dir:
+        state = random_checkpoint_state(config, torch.device("cpu"), torch.float32)
+        save_file(state, os.path.join(model_dir, "model.safetensors"))
+        with open(os.path.join(model_dir, "config.json"), "w") as f:
+            json.dump(raw_config, f)
+        for label, graph_batch in (("eager", 0), ("cuda_graphs", 64)):
+            engine = LLMEngine(EngineConfig(model_dir=model_dir, device=device.type, dtype="float32",
+                                            num_kv_blocks=num_prompts * 32, max_num_seqs=num_prompts,
+                                            cuda_graph_max_batch=graph_batch))
+            engine.generate(prompts[:2], SamplingParams(max_tokens=4, stop_token_ids=()))  # warm-up
+            started = time.perf_counter()
+            tokens = engine.generate(prompts, params)
+            seconds = time.perf_counter() - started
+            runs[label] = {"tokens": tokens, "output_tokens_per_s": num_prompts * max_tokens / seconds,
+                           "graphs_recorded": engine.runner.decode_graphs is not None}
+            del engine
+    result = {"prompts": num_prompts, "max_tokens": max_tokens,
+              "tokens_equal": runs["eager"]["tokens"] == runs["cuda_graphs"]["tokens"],
+              **{f"{label}_{key}": value for label, run in runs.items() for key, value in run.items()
+                 if key != "tokens"}}
+    print(f"[engine] {result}", flush=True)
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -211,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     dtype = torch.float32 if args.smoke else torch.bfloat16
     results["decode"] = measure_decode(config, batches, args.context, device, dtype,
                                        results["bandwidth_bytes_per_s"], args.repeats)
+    results["engine"] = check_engine(TINY if args.smoke else SMALL_GLM4, device, num_prompts=4 if args.smoke else 32,
+                                     max_tokens=8 if args.smoke else 128)
 
     print("\n| batch | eager ms | CUDA graph ms | tokens/s | bandwidth limit tokens/s | of limit |\n|---|---|---|---|---|---|")
     for row in results["decode"]:
@@ -218,12 +274,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {row['batch']} | {row['step_ms_eager']:.2f} | {graph} | {row['tokens_per_s']:.0f} | "
               f"{row['bandwidth_limit_tokens_per_s']:.0f} | {row['fraction_of_bandwidth_limit'] * 100:.0f}% |")
     kernel_ok = all(check["ok"] for check in results["kernel"])
-    print(f"kernel against the torch path: {'ok' if kernel_ok else 'MISMATCH'}")
+    graphs_ok = all(row["graph_ok"] for row in results["decode"]) and results["engine"]["tokens_equal"]
+    engine = results["engine"]
+    print(f"engine, {engine['prompts']} prompts x {engine['max_tokens']} tokens: "
+          f"{engine['eager_output_tokens_per_s']:.0f} tok/s eager, {engine['cuda_graphs_output_tokens_per_s']:.0f} "
+          f"tok/s with CUDA graphs (recorded: {engine['cuda_graphs_graphs_recorded']})")
+    print(f"kernel against the torch path: {'ok' if kernel_ok else 'MISMATCH'}; "
+          f"CUDA graphs against eager steps: {'ok' if graphs_ok else 'MISMATCH'}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
         print(f"[gpu_check] wrote {args.json}")
-    return 0 if kernel_ok else 1
+    return 0 if kernel_ok and graphs_ok else 1
 
 
 if __name__ == "__main__":

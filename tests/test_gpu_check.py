@@ -21,7 +21,11 @@ def test_the_smoke_run_checks_the_kernel_and_measures_every_batch(tmp_path):
     assert [row["batch"] for row in results["decode"]] == [1, 2]
     for row in results["decode"]:
         assert row["tokens_per_s"] > 0 and row["bandwidth_limit_tokens_per_s"] > 0
-        assert row["step_ms_cuda_graph"] is None  # CUDA graphs are measured on CUDA only
+        assert row["step_ms_cuda_graph"] is None  # CUDA graphs are timed on CUDA only
+        assert row["graph_ok"]  # but their padded, fixed-buffer steps are checked here too
+    engine = results["engine"]
+    assert engine["tokens_equal"] and engine["eager_output_tokens_per_s"] > 0
+    assert not engine["cuda_graphs_graphs_recorded"]  # nothing is recorded on the CPU
 
 
 def test_the_glm4_9b_shape_is_the_published_one():
@@ -36,4 +40,12 @@ def test_a_wrong_kernel_fails_the_check(tmp_path, monkeypatch):
     import glm_engine.triton_attention as triton_attention
 
     monkeypatch.setattr(triton_attention, "paged_decode_attention", lambda q, *args: gpu_check.torch.zeros_like(q))
+    assert gpu_check.main(["--smoke", "--json", str(tmp_path / "gpu_check.json")]) == 1
+
+
+def test_wrong_graph_replays_fail_the_check(tmp_path, monkeypatch):
+    from glm_engine.cuda_graph import DecodeGraphs
+
+    run = DecodeGraphs.run
+    monkeypatch.setattr(DecodeGraphs, "run", lambda self, *args: run(self, *args) * 1.1)
     assert gpu_check.main(["--smoke", "--json", str(tmp_path / "gpu_check.json")]) == 1

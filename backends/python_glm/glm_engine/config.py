@@ -120,6 +120,9 @@ class EngineConfig:
     # Decode attention: "auto" (the Triton-language kernel on CUDA when `triton` is installed, else torch),
     # "torch", or "triton" (the kernel on any device: on the CPU only under TRITON_INTERPRET=1, for tests).
     attention_backend: str = "auto"
+    # Decode-only steps of up to this many sequences (at most max_num_seqs) replay CUDA graphs, recorded at start-up;
+    # 0 turns them off. Only on CUDA with the decode kernel; ignored on the CPU.
+    cuda_graph_max_batch: int = 64
     # Reuse the KV blocks of prompt prefixes seen before (shared system prompts cost one prefill).
     enable_prefix_caching: bool = True
     # Longest prompt plus output; 0 means the checkpoint's max_position_embeddings.
@@ -154,8 +157,8 @@ class EngineConfig:
         for name in ("max_num_seqs", "max_num_batched_tokens", "default_max_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.num_kv_blocks < 0 or self.max_model_len < 0:
-            raise ValueError("num_kv_blocks and max_model_len must not be negative")
+        if self.num_kv_blocks < 0 or self.max_model_len < 0 or self.cuda_graph_max_batch < 0:
+            raise ValueError("num_kv_blocks, max_model_len and cuda_graph_max_batch must not be negative")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must lie in (0, 1], got {self.gpu_memory_utilization}")
         if self.attention_backend not in ("auto", "torch", "triton"):

@@ -52,11 +52,11 @@ class LLMEngine:
         config.validate()
         self.config = config
         self.model_config = ModelConfig.from_checkpoint(config.model_dir)
-        self.runner = ModelRunner(self.model_config, config)
-        self.pool = BlockPool(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.pool, config.max_num_seqs, config.max_num_batched_tokens)
         self.max_model_len = min(config.max_model_len or self.model_config.max_position_embeddings,
                                  self.model_config.max_position_embeddings)
+        self.runner = ModelRunner(self.model_config, config, self.max_model_len)
+        self.pool = BlockPool(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.pool, config.max_num_seqs, config.max_num_batched_tokens)
         self.sequences: dict[str, Sequence] = {}
         self._seed_source = random.Random(config.seed)
         self.num_prompt_tokens = 0

@@ -9,6 +9,7 @@ import torch
 from .attention import AttentionMetadata
 from .checkpoint import load_state_dict
 from .config import EngineConfig, ModelConfig
+from .cuda_graph import DecodeGraphs, graph_batch_sizes
 from .glm_model import GlmForCausalLM
 from .scheduler import ScheduledSequence
 
@@ -36,6 +37,11 @@ def decode_kernel_wanted(backend: str, device: torch.device) -> bool:
     return True
 
 
+def decode_graphs_wanted(config: EngineConfig, device: torch.device, use_decode_kernel: bool) -> bool:
+    """Recording needs CUDA and the decode kernel (the torch path reads context lengths on the host)."""
+    return config.cuda_graph_max_batch > 0 and device.type == "cuda" and use_decode_kernel
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name != "auto":
         return getattr(torch, name)
@@ -45,7 +51,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 class ModelRunner:
-    def __init__(self, model_config: ModelConfig, config: EngineConfig):
+    def __init__(self, model_config: ModelConfig, config: EngineConfig, max_model_len: int):
         self.model_config = model_config
         self.block_size = config.block_size
         self.device = resolve_device(config.device)
@@ -61,13 +67,22 @@ class ModelRunner:
                                 transpose_linears=self.device.type == "cpu")
         self.model.eval()
 
-        self.num_blocks = config.num_kv_blocks or self._blocks_that_fit(config)
+        use_graphs = decode_graphs_wanted(config, self.device, self.use_decode_kernel)
+        self.num_blocks = config.num_kv_blocks or self._blocks_that_fit(config) - use_graphs
         # [layers, k/v, blocks, block_size, kv_heads, head_dim]. Zeroed: masked slots must never hold NaN.
+        # With CUDA graphs, one more block than the pool's: the scratch block that padding rows write to.
         self.kv_cache = torch.zeros(
-            model_config.num_layers, 2, self.num_blocks, self.block_size,
+            model_config.num_layers, 2, self.num_blocks + use_graphs, self.block_size,
             model_config.num_kv_heads, model_config.head_dim, dtype=self.dtype, device=self.device,
         )
         self.kv_caches = [(layer[0], layer[1]) for layer in self.kv_cache]
+        self.decode_graphs = None
+        if use_graphs:
+            self.decode_graphs = DecodeGraphs(
+                self.model, self.kv_caches, graph_batch_sizes(min(config.cuda_graph_max_batch, config.max_num_seqs)),
+                max_blocks_per_seq=-(-max_model_len // self.block_size), scratch_block=self.num_blocks,
+                block_size=self.block_size, device=self.device, use_decode_kernel=self.use_decode_kernel,
+                record=self.device.type == "cuda")
         log.info("model on %s (%s), KV cache %d blocks of %d tokens (%.1f MiB), decode attention: %s", self.device,
                  self.dtype, self.num_blocks, self.block_size,
                  self.kv_cache.numel() * self.kv_cache.element_size() / 2**20,
@@ -105,6 +120,12 @@ class ModelRunner:
             tables.append(seq.block_table)
             if item.samples:
                 last_token_rows.append(len(input_ids) - 1)
+
+        graphs = self.decode_graphs
+        if graphs is not None and len(batch) == len(input_ids) <= graphs.max_batch:  # one new token per sequence
+            logits = graphs.run(input_ids, positions, slots, tables, context_lens)
+            # Row b is sequence b; a one-token prompt chunk that is not the prompt's last does not sample.
+            return logits if len(last_token_rows) == len(batch) else logits[last_token_rows]
 
         max_blocks = max(len(t) for t in tables)
         padded_tables = [t + [0] * (max_blocks - len(t)) for t in tables]
