@@ -77,9 +77,10 @@ def _prefill_attention(q, k_cache, v_cache, block_table, context_len: int, scale
     else:  # a chunk, or the rest of a prompt after a cached prefix: query i sits at context_len - n + i
         positions = torch.arange(context_len, device=q.device)
         mask, causal = positions[None, :] <= positions[context_len - n:, None], False
-    out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=mask, is_causal=causal,
-                                         scale=scale, enable_gqa=True)
-    return out.transpose(0, 1)
+    # A batch of one, not 3-D tensors: with enable_gqa, 3-D inputs fall back to the math path, 3x slower on the CPU.
+    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys[None], values[None], attn_mask=mask,
+                                         is_causal=causal, scale=scale, enable_gqa=True)
+    return out[0].transpose(0, 1)
 
 
 def _gather(k_cache, v_cache, block_tables, max_context_len: int):
@@ -93,17 +94,19 @@ def _gather(k_cache, v_cache, block_tables, max_context_len: int):
 
 
 def _decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale: float) -> torch.Tensor:
-    """One query per sequence; groups of sequences sorted by context length, each padded to its own longest."""
-    out = torch.empty_like(q)
+    """One query per sequence; groups of sequences sorted by context length, each padded to its own longest.
+    The query heads that share a KV head attend as rows of one product ([kv_heads, group, head_dim] against that
+    head's keys) rather than one vector product each: half the time of enable_gqa here."""
+    num_seqs, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
+    grouped_q = q.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    out = torch.empty_like(grouped_q)
     order = torch.argsort(context_lens)
     for start in range(0, order.numel(), DECODE_GROUP):
         rows = order[start:start + DECODE_GROUP]
         lengths = context_lens[rows]
         keys, values = _gather(k_cache, v_cache, block_tables[rows], int(lengths.max()))
         mask = (torch.arange(keys.shape[1], device=q.device) < lengths[:, None])[:, None, None, :]
-        group_out = F.scaled_dot_product_attention(
-            q[rows][:, :, None, :], keys.transpose(1, 2), values.transpose(1, 2),
-            attn_mask=mask, scale=scale, enable_gqa=True,
-        )
-        out[rows] = group_out[:, :, 0, :]
-    return out
+        out[rows] = F.scaled_dot_product_attention(grouped_q[rows], keys.transpose(1, 2), values.transpose(1, 2),
+                                                   attn_mask=mask, scale=scale)
+    return out.view(num_seqs, num_heads, head_dim)
