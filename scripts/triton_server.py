@@ -13,6 +13,7 @@ this repository's `python_glm` backend, starts the server with the flags in `ser
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import shutil
 import signal
@@ -83,6 +84,13 @@ def server_env(model_dir: str | None) -> dict[str, str]:
     return env
 
 
+def stop_with_parent() -> None:
+    """Run in the child before exec: Linux sends it SIGTERM when the thread that started it dies, so a killed test
+    run or benchmark leaves no server behind (they did, using the CPU of whatever ran next)."""
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 class TritonServer:
     """A running tritonserver process group; a context manager that always stops it."""
 
@@ -116,7 +124,7 @@ class TritonServer:
         # A session of its own, so stopping it also stops the Python stub processes it started.
         self.process = subprocess.Popen(command, env={**env, **self.extra_env},
                                         stdout=output, stderr=subprocess.STDOUT if output else None,
-                                        start_new_session=True)
+                                        start_new_session=True, preexec_fn=stop_with_parent)
         return self
 
     def is_ready(self) -> bool:

@@ -28,18 +28,20 @@ def test_sharded_checkpoint_loads_and_matches(tiny_model, tmp_path):
 
 
 @pytest.mark.parametrize("bias", [False, True])
-def test_a_linear_layer_stored_transposed_computes_the_same(bias):
-    """The CPU stores Linear weights transposed (glm_model.Linear); CUDA keeps nn.Linear's layout."""
+def test_a_linear_layer_packed_for_onednn_computes_the_same(bias):
+    """On the CPU, Linear weights are packed for oneDNN (glm_model.Linear); CUDA keeps nn.Linear's."""
     import torch
 
-    from glm_engine.glm_model import Linear
+    from glm_engine.glm_model import Linear, can_pack_for_cpu
 
+    if not can_pack_for_cpu(torch.float32):
+        pytest.skip("this torch build has no oneDNN")
     torch.manual_seed(0)
     layer = Linear(24, 40, bias=bias)
-    x = torch.randn(5, 24)
+    x = torch.randn(7, 24)
     expected = [layer(x[:1]), layer(x)]
-    layer.transpose_weight()
-    assert layer.weight.shape == (24, 40)
+    layer.pack_for_cpu()
+    assert layer.weight is None and layer.packed_weight is not None
     for got, want in zip([layer(x[:1]), layer(x)], expected):
         torch.testing.assert_close(got, want)
 

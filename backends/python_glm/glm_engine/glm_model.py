@@ -1,7 +1,7 @@
 """The GLM / GLM-4 forward pass over a flat batch of tokens, reading and writing the paged KV cache.
 
 Parameter names match Hugging Face's, so a checkpoint loads with `load_state_dict`; load_weights() then fuses
-each layer's q/k/v projections and, on the CPU, stores Linear weights transposed.
+each layer's q/k/v projections and, on the CPU, hands Linear weights to oneDNN in its own layout.
 """
 
 from __future__ import annotations
@@ -28,23 +28,29 @@ class RMSNorm(nn.Module):
 
 
 class Linear(nn.Linear):
-    """nn.Linear, with its parameter names (so checkpoints load), whose weight may be stored transposed. On the CPU,
-    MKL multiplies a few rows by an [in, out] matrix up to 1.9x faster than by nn.Linear's [out, in] one: 23% off a
-    batch-1 decode step, 3% at batches 4 and 32, side by side. cuBLAS needs no such help."""
+    """nn.Linear, with its parameter names (so checkpoints load), whose weight may be handed to oneDNN on the CPU.
 
-    transposed = False
+    pack_for_cpu() reorders the weight once into oneDNN's blocked layout (the prepacking that torch.compile's CPU
+    backend does); products then run through oneDNN instead of MKL's sgemm. Side by side on the benchmark model
+    (float32 both ways): decode steps 1.46x faster, prompt steps 1.25x. cuBLAS needs no such help."""
 
-    def transpose_weight(self) -> None:
-        self.weight = nn.Parameter(self.weight.t().contiguous(), requires_grad=False)
-        self.transposed = True
+    packed_weight: torch.Tensor | None = None
+
+    def pack_for_cpu(self) -> None:
+        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
+        self.weight = None  # the packed copy replaces it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [tokens, in_features], as everywhere in this model."""
-        if not self.transposed:
+        if self.packed_weight is None:
             return super().forward(x)
-        if self.bias is None:
-            return x @ self.weight
-        return torch.addmm(self.bias, x, self.weight)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+
+
+def can_pack_for_cpu(dtype: torch.dtype) -> bool:
+    """oneDNN packs float32 and bfloat16 weights on any x86 CPU; float16 needs instructions few CPUs have."""
+    return (dtype in (torch.float32, torch.bfloat16) and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 
 
 class RotaryEmbedding:
@@ -169,8 +175,8 @@ class GlmForCausalLM(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
 
-    def load_weights(self, state: dict[str, torch.Tensor], transpose_linears: bool = False) -> None:
-        """Load a checkpoint's tensors; `transpose_linears` stores the Linear weights transposed (for the CPU)."""
+    def load_weights(self, state: dict[str, torch.Tensor], pack_for_cpu: bool = False) -> None:
+        """Load a checkpoint's tensors; `pack_for_cpu` hands the Linear weights to oneDNN where it can."""
         tied = self.config.tie_word_embeddings and "lm_head.weight" not in state
         if tied:
             state = {**state, "lm_head.weight": state["model.embed_tokens.weight"]}
@@ -184,7 +190,7 @@ class GlmForCausalLM(nn.Module):
             )
         for layer in self.model.layers:
             layer.self_attn.fuse_qkv()
-        if transpose_linears:
+        if pack_for_cpu and can_pack_for_cpu(self.model.embed_tokens.weight.dtype):
             for module in self.modules():
                 if isinstance(module, Linear) and not (tied and module is self.lm_head):  # a copy would double it
-                    module.transpose_weight()
+                    module.pack_for_cpu()

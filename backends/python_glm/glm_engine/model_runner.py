@@ -64,7 +64,7 @@ class ModelRunner:
         with torch.device("meta"):
             self.model = GlmForCausalLM(model_config)
         self.model.load_weights(load_state_dict(config.model_dir, self.dtype, self.device),
-                                transpose_linears=self.device.type == "cpu")
+                                pack_for_cpu=self.device.type == "cpu")
         self.model.eval()
 
         use_graphs = decode_graphs_wanted(config, self.device, self.use_decode_kernel)
