@@ -237,3 +237,22 @@ def test_bad_words_are_tokenized_with_and_without_a_leading_space(tokenizer):
     params, _ = sampling_params(request(bad_words=np.array([b"hello"], dtype=np.object_)), 64, tokenizer)
     assert params.bad_words_ids == (tuple(tokenizer.encode("hello", add_special_tokens=False)),
                                     tuple(tokenizer.encode(" hello", add_special_tokens=False)))
+
+
+def test_the_outbox_sends_in_order_survives_a_failing_send_and_drains_on_close():
+    from triton_glm.glm import ResponseOutbox
+
+    class FailingSender(Sender):
+        def send(self, response=None, flags=0):
+            raise RuntimeError("the client went away")
+
+    first, second, failing = Sender(), Sender(), FailingSender()
+    outbox = ResponseOutbox()
+    for i in range(50):
+        outbox.send(first if i % 2 else second, f"response {i}", 0)
+        if i == 10:
+            outbox.send(failing, "lost", 0)
+    outbox.send(first, None, FINAL)
+    outbox.close()  # returns once everything queued before it was sent
+    assert first.sent == [(f"response {i}", 0) for i in range(1, 50, 2)] + [(None, FINAL)]
+    assert second.sent == [(f"response {i}", 0) for i in range(0, 50, 2)]
