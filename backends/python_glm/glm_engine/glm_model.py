@@ -48,9 +48,15 @@ class Linear(nn.Linear):
 
 
 def can_pack_for_cpu(dtype: torch.dtype) -> bool:
-    """oneDNN packs float32 and bfloat16 weights on any x86 CPU; float16 needs instructions few CPUs have."""
-    return (dtype in (torch.float32, torch.bfloat16) and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+    """Whether oneDNN packs weights of this dtype on this CPU: float32 wherever torch has oneDNN; bfloat16 and
+    float16 only with the instructions for them (oneDNN raises otherwise), else nn.Linear's path is kept."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(8, 8, dtype=dtype))
+    except (RuntimeError, AttributeError):
+        return False
+    return True
 
 
 class RotaryEmbedding:
