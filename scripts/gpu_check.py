@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The GPU check: the decode kernel against the torch path, and decode throughput of a GLM-4-9B-shaped model.
 
-    python3 scripts/gpu_check.py --json gpu_check.json        # on a CUDA machine, about two minutes
+    python3 scripts/gpu_check.py --json gpu_check.json        # on a CUDA machine, two to three minutes
     TRITON_INTERPRET=1 python3 scripts/gpu_check.py --smoke   # tiny shapes on the CPU (the tests run this)
 
 It prints what it measures and writes JSON:
