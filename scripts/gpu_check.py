@@ -228,7 +228,7 @@ def check_engine(raw_config: dict, device: torch.device, num_prompts: int, max_t
             started = time.perf_counter()
             tokens = engine.generate(prompts, params)
             seconds = time.perf_counter() - started
-            runs[label] = {"tokens": tokens, "output_tokens_per_s": num_prompts * max_tokens / seconds,
+            runs[label] = {"tokens": tokens, "output_tokens_per_s": sum(map(len, tokens)) / seconds,
                            "graphs_recorded": engine.runner.decode_graphs is not None}
             del engine
     result = {"prompts": num_prompts, "max_tokens": max_tokens,
