@@ -1,11 +1,13 @@
 """Decode steps through cuda_graph.DecodeGraphs: fixed buffers, batches padded to a recorded size, padding rows in
 a scratch block. Nothing can be recorded on the CPU, so these tests run the very same padded steps eagerly
-(record=False); scripts/gpu_check.py compares recorded replays with eager steps on a GPU."""
+(record=False), and check that what would be recorded never syncs with the host; scripts/gpu_check.py compares
+recorded replays with eager steps on a GPU."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from test_engine_vs_transformers import assert_matches_reference, make_engine, prompts, record_logits, run_all
 
 from glm_engine import model_runner
@@ -68,3 +70,35 @@ def test_padding_rows_write_only_the_scratch_block(tiny_model, graphs_on_the_cpu
     # Three rows padded to four: the stale fourth row (block 3) must be sent to scratch, not rewritten.
     assert step([(9, 2), (10, 2), (11, 2)]) == {9, 10, 11, scratch}
     assert step([(12, 0)]) == {12}  # a batch of one is a recorded size: no padding row at all
+
+
+# Operators that hand a device value to the host (or host data to the device). While a CUDA graph records, each
+# one either fails the capture or is frozen into the graph, replaying a stale value on every later step.
+HOST_SYNCS = {"aten.item", "aten._local_scalar_dense", "aten.is_nonzero", "aten.equal", "aten.nonzero",
+              "aten.masked_select", "aten.lift_fresh"}
+
+
+class HostSyncs(TorchDispatchMode):
+    """Notes every operator from HOST_SYNCS that runs inside the `with` block."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if str(func.overloadpacket) in HOST_SYNCS:
+            self.seen.add(str(func.overloadpacket))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("backend, recordable", [("triton", True), ("torch", False)])
+def test_what_a_graph_records_never_syncs_with_the_host(tiny_model, graphs_on_the_cpu, backend, recordable):
+    """The forward pass that DecodeGraphs records must keep every value on the device. The torch decode path reads
+    the longest context on the host (so the runner never records it): that it is caught shows the check works."""
+    model_dir, _ = tiny_model
+    graphs = make_engine(model_dir, cuda_graph_max_batch=4, attention_backend=backend).runner.decode_graphs
+    with torch.inference_mode():
+        graphs._forward(4)  # lazily built state (the rotary table's move) is made before recording too
+        with HostSyncs() as syncs:
+            graphs._forward(4)
+    assert (not syncs.seen) == recordable, syncs.seen
