@@ -5,7 +5,8 @@
 
 (run ./scripts/setup_env.sh requirements-test.txt once first: it installs transformers, the baseline). It measures, on one fixed, seeded mix
 of prompt lengths (16-512 tokens) and output lengths (16-256), every request running to its own length:
-  - output tokens/s of the engine offline (all requests submitted at once), of transformers' generate()
+  - output tokens/s of the engine offline (all requests submitted at once; greedy, and sampling with GLM-4's
+    default temperature 0.8 and top_p 0.8), of transformers' generate() (greedy)
     (a) one request at a time and (b) in static left-padded batches of --batch-size, and of the engine through
     the real tritonserver with one streaming gRPC client per request, all at once;
   - time to first token and inter-token latency (P50/P99) of the Triton run, as its clients see them;
@@ -50,10 +51,16 @@ def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-def bench_engine_offline(model_dir: str, requests) -> dict:
+# GLM-4's own generation_config.json: what a chat user gets.
+GLM4_SAMPLING = dict(temperature=0.8, top_p=0.8)
+
+
+def bench_engine_offline(model_dir: str, requests, sampling: dict | None = None) -> dict:
+    """Greedy, or with `sampling` settings (each request seeded by its index)."""
     engine = LLMEngine(EngineConfig(model_dir=model_dir, max_num_seqs=len(requests), num_kv_blocks=4096))
     for index, (prompt, length) in enumerate(requests):
-        engine.add_request(f"b{index}", prompt, SamplingParams(max_tokens=length, stop_token_ids=()))
+        settings = dict(sampling, seed=index) if sampling else {}
+        engine.add_request(f"b{index}", prompt, SamplingParams(max_tokens=length, stop_token_ids=(), **settings))
     peak = {"allocated": 0, "used": 0}
     started, generated = time.perf_counter(), 0
     while engine.has_unfinished_requests():
@@ -171,12 +178,14 @@ def bench_triton(model_dir: str, requests, outputs=("output_ids", "sequence_leng
             "itl_p50_s": percentile(itl, 50), "itl_p99_s": percentile(itl, 99)}
 
 
-RUNS = ("engine_through_triton", "engine_offline", "transformers_static_batches", "transformers_one_at_a_time")
+RUNS = ("engine_through_triton", "engine_offline", "engine_offline_sampled", "transformers_static_batches",
+        "transformers_one_at_a_time")
 
 
 def run_round(model_dir: str, requests, batch_size: int, skip_server: bool) -> dict:
     results = {}
     for name, run in [("engine_offline", lambda: bench_engine_offline(model_dir, requests)),
+                      ("engine_offline_sampled", lambda: bench_engine_offline(model_dir, requests, GLM4_SAMPLING)),
                       ("transformers_one_at_a_time", lambda: bench_transformers(model_dir, requests, 1)),
                       ("transformers_static_batches", lambda: bench_transformers(model_dir, requests, batch_size)),
                       ("prefix_cache", lambda: bench_prefix_cache(model_dir)),
@@ -208,6 +217,8 @@ def summarize(rounds: list[dict]) -> dict:
     if "engine_through_triton" in rounds[0]:
         summary["engine_through_triton"].update({key: median([r["engine_through_triton"][key] for r in rounds])
                                                  for key in ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s")})
+    summary["sampled_vs_greedy"] = median([r["engine_offline_sampled"]["tokens_per_s"]
+                                           / r["engine_offline"]["tokens_per_s"] for r in rounds])
     summary["kv_waste_at_peak"] = median([r["engine_offline"]["kv_waste_at_peak"] for r in rounds])
     summary["prefix_cache"] = {key: median([r["prefix_cache"][key] for r in rounds])
                                for key in ("ttft_cold_s", "ttft_warm_s", "speedup")}
@@ -230,6 +241,8 @@ def print_summary(summary: dict, num_rounds: int, prefix_tokens: int) -> None:
         t = summary["engine_through_triton"]
         print(f"\nThrough Triton: TTFT P50 {t['ttft_p50_s'] * 1000:.0f} ms, P99 {t['ttft_p99_s'] * 1000:.0f} ms; "
               f"ITL P50 {t['itl_p50_s'] * 1000:.0f} ms, P99 {t['itl_p99_s'] * 1000:.0f} ms")
+    print(f"Sampling as GLM-4 does ({GLM4_SAMPLING}) against greedy, offline: {summary['sampled_vs_greedy']:.2f}x "
+          "the output tokens/s (the transformers baselines are greedy)")
     p = summary["prefix_cache"]
     print(f"KV waste at peak: {summary['kv_waste_at_peak'] * 100:.1f}%")
     print(f"Prefix cache ({prefix_tokens}-token prefix): TTFT {p['ttft_cold_s'] * 1000:.0f} ms cold, "

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from glm_engine import EngineConfig, FinishReason, LLMEngine, SamplingParams
-from glm_engine.sampler import sample
+from glm_engine.sampler import adjust_logits, sample
 from glm_engine.sequence import Sequence
 
 
@@ -52,6 +52,96 @@ def test_sampler_filters():
     assert seen_top_p == {1, 2}
 
 
+def test_each_row_of_a_batch_samples_with_its_own_settings():
+    """One batch, rows with different filters side by side: each row's draws stay within its own filter."""
+    logits = torch.tensor([0.0, 5.0, 4.9, -1.0, 4.8]).repeat(4, 1)
+    settings = [dict(top_k=2), dict(top_p=0.6), dict(min_p=0.9), dict(temperature=0.5)]
+    seen = [set() for _ in settings]
+    for seed in range(200):
+        seqs = [Sequence("s", [1], 1, SamplingParams(**{"temperature": 1.0, **kw}), frozenset(), seed=seed + 1000 * i)
+                for i, kw in enumerate(settings)]
+        for row, token in enumerate(sample(logits.clone(), seqs)[0]):
+            seen[row].add(token)
+    # min_p 0.9 keeps 5.0 and 4.9 (e^-0.1 = 0.905 of the best) but not 4.8 (0.82); no filter keeps the three best.
+    assert seen == [{1, 2}, {1, 2}, {1, 2}, {1, 2, 4}]
+
+
+def test_draws_follow_the_distribution():
+    """4,000 sequences, each with a seed of its own, in one batch: the tokens' frequencies match softmax(logits / T)."""
+    probs = torch.tensor([0.5, 0.0, 0.3, 0.15, 0.05])
+    temperature = 0.5
+    logits = (probs.log() * temperature).repeat(4000, 1)  # softmax(logits / 0.5) == probs
+    seqs = [Sequence("s", [1], 1, SamplingParams(temperature=temperature), frozenset(), seed=seed)
+            for seed in range(4000)]
+    counts = torch.bincount(torch.tensor(sample(logits, seqs)[0]), minlength=5).float() / 4000
+    assert counts[1] == 0
+    assert torch.allclose(counts, probs, atol=0.025), counts  # 0.025 is over 3 standard deviations at p = 0.5
+
+
+@pytest.mark.parametrize("sharpness", [8.0, 1.0, 0.1])  # nuclei of a few tokens, of hundreds, of nearly all
+def test_top_p_keeps_what_sorting_the_whole_vocabulary_keeps(sharpness):
+    """Against the plain definition (sort everything, keep while the mass above is under top_p), with nuclei
+    inside and beyond the 256 candidates the filter looks at first, rows with and without top_p in one batch."""
+    from glm_engine.sampler import _top_p_filter
+
+    torch.manual_seed(1)
+    probs = torch.softmax(torch.randn(6, 1000) * sharpness, dim=-1)
+    top_p = torch.tensor([[0.5], [0.9], [1.0], [0.99], [0.3], [0.999]])
+    ordered, order = torch.sort(probs, dim=-1, descending=True)
+    expected = torch.zeros_like(probs, dtype=torch.bool).scatter_(
+        1, order, ((ordered.cumsum(dim=-1) - ordered) < top_p) | (top_p >= 1.0))
+    assert torch.equal(_top_p_filter(probs, top_p) > 0, expected)
+
+
+def test_a_step_where_no_sequence_samples():
+    """A step of prompt chunks only hands the sampler no rows."""
+    assert sample(torch.zeros(0, 10), []) == ([], [])
+
+
+class FixedDraw:
+    def __init__(self, value: float):
+        self.value = value
+
+    def random(self) -> float:
+        return self.value
+
+
+@pytest.mark.parametrize("u, expected", [(0.0, 1), (0.4999, 1), (0.5, 3), (1 - 2**-53, 3)])
+def test_the_draw_inverts_the_cumulative_distribution_and_never_picks_an_impossible_token(u, expected):
+    """Probabilities [0, 0.5, 0, 0.5, 0]: zero at both ends and between. u = 0 and u just below 1 (which float32
+    rounds to 1) still land on possible tokens."""
+    logits = torch.tensor([[float("-inf"), 0.0, float("-inf"), 0.0, float("-inf")]])
+    seq = Sequence("s", [1], 1, SamplingParams(temperature=1.0), frozenset(), seed=0)
+    seq.rng = FixedDraw(u)
+    assert sample(logits, [seq])[0] == [expected]
+
+
+def test_penalties_in_a_batch_equal_penalties_alone():
+    """Rows with different penalties, bans and none, in one batch, get what each would get alone."""
+    torch.manual_seed(0)
+    logits = torch.randn(5, 40)
+    seqs = [
+        seq_with(SamplingParams(repetition_penalty=1.3), prompt=(3, 4, 4), output=(9, 3)),
+        seq_with(SamplingParams()),
+        seq_with(SamplingParams(presence_penalty=0.7, frequency_penalty=-0.2), prompt=(1,), output=(5, 5, 6)),
+        seq_with(SamplingParams(repetition_penalty=0.8, frequency_penalty=0.3, bad_words_ids=((7,), (6, 8))),
+                 prompt=(7, 2), output=(6,)),
+        seq_with(SamplingParams(min_tokens=3), output=(2,), stop={11, 12}),
+    ]
+    batch = logits.clone()
+    adjust_logits(batch, seqs)
+    for row, seq in enumerate(seqs):
+        assert batch[row].tolist() == adjusted(logits[row:row + 1], seq), row
+    assert batch[1].tolist() == logits[1].tolist() and batch[4, [11, 12]].tolist() == [float("-inf")] * 2
+
+
+def adjusted(logits: torch.Tensor, seq: Sequence) -> list[float]:
+    """The one-row logits [1, vocab] after the sequence's penalties and bans (on a copy)."""
+    logits = logits.clone()
+    adjust_logits(logits, [seq])
+    return logits[0].tolist()
+
+
 def seq_with(params: SamplingParams, prompt=(1,), output=(), stop=frozenset()) -> Sequence:
     return Sequence("s", [*prompt, *output], len(prompt), params, frozenset(stop), seed=0)
 
@@ -60,15 +150,13 @@ def test_repetition_penalty_divides_positive_and_multiplies_negative_logits():
     logits = torch.tensor([[4.0, -2.0, 3.0, 1.0]])
     seq = seq_with(SamplingParams(repetition_penalty=2.0), prompt=(0,), output=(1,))
     assert sample(logits.clone(), [seq])[0] == [2]  # token 0 falls from 4 to 2, below token 2's 3
-    from glm_engine.sampler import adjusted_logits
-    assert adjusted_logits(logits[0], seq).tolist() == [2.0, -4.0, 3.0, 1.0]
+    assert adjusted(logits, seq) == [2.0, -4.0, 3.0, 1.0]
 
 
 def test_presence_and_frequency_penalties_count_output_tokens_only():
-    from glm_engine.sampler import adjusted_logits
-    logits = torch.zeros(4)
+    logits = torch.zeros(1, 4)
     seq = seq_with(SamplingParams(presence_penalty=0.5, frequency_penalty=0.25), prompt=(3,), output=(1, 1, 2))
-    assert adjusted_logits(logits, seq).tolist() == [0.0, -1.0, -0.75, 0.0]
+    assert adjusted(logits, seq) == [0.0, -1.0, -0.75, 0.0]
 
 
 def test_min_p_keeps_only_tokens_near_the_best():
@@ -89,13 +177,12 @@ def test_min_tokens_bans_stop_tokens_until_reached():
 
 
 def test_bad_words_ban_the_token_that_would_complete_them():
-    from glm_engine.sampler import adjusted_logits
-    logits = torch.zeros(6)
+    logits = torch.zeros(1, 6)
     single = seq_with(SamplingParams(bad_words_ids=((3,),)), output=(1,))
-    assert adjusted_logits(logits, single)[3] == float("-inf")
+    assert adjusted(logits, single)[3] == float("-inf")
     pair = SamplingParams(bad_words_ids=((1, 4),))
-    assert adjusted_logits(logits, seq_with(pair, output=(2, 1)))[4] == float("-inf")  # "1" precedes: 4 banned
-    assert adjusted_logits(logits, seq_with(pair, output=(1, 2)))[4] == 0.0  # it does not: 4 allowed
+    assert adjusted(logits, seq_with(pair, output=(2, 1)))[4] == float("-inf")  # "1" precedes: 4 banned
+    assert adjusted(logits, seq_with(pair, output=(1, 2)))[4] == 0.0  # it does not: 4 allowed
 
 
 def test_bad_words_through_the_engine(engine):

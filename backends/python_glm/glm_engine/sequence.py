@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import enum
 import math
+import random
 from dataclasses import dataclass, field
-
-import torch
 
 
 class FinishReason(str, enum.Enum):
@@ -97,7 +96,11 @@ class Sequence:
     block_hashes: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     cumulative_logprob: float = 0.0
-    generator: torch.Generator | None = None  # made by the sampler, on the logits' device
+    # The sampler's draws; kept across preemption, so recomputing a sequence does not change what it samples.
+    rng: random.Random = field(init=False, repr=False)
+
+    def __post_init__(self):
+        self.rng = random.Random(self.seed)
 
     @property
     def num_tokens(self) -> int:
