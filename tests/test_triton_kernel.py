@@ -47,3 +47,19 @@ def test_the_engine_decodes_through_the_kernel_as_transformers_does(tiny_model):
     assert engine.runner.use_decode_kernel
     requests = {f"k{i}": p for i, p in enumerate(prompts((3, 17, 9), seed=11))}
     assert_matches_reference(model, requests, run_all(engine, requests), max_tokens=GREEDY.max_tokens)
+
+
+def test_decode_kernel_in_bfloat16_as_on_cuda():
+    """bfloat16 caches and queries, as the engine keeps them on CUDA: the kernel accumulates in float32, so it
+    differs from the float32 torch path on the same values by no more than rounding its output to bfloat16."""
+    q, k_cache, v_cache, tables, context_lens = random_decode_batch(
+        num_seqs=6, num_heads=8, num_kv_heads=2, head_dim=32, block_size=16, max_context=70,
+        device=torch.device("cpu"), dtype=torch.bfloat16, seed=5)
+    scale = 32 ** -0.5
+    meta = AttentionMetadata(
+        slot_mapping=torch.zeros(6, dtype=torch.long), block_tables=tables, context_lens=context_lens,
+        query_lens=[1] * 6, host_context_lens=context_lens.tolist())
+    expected = paged_attention(q.float(), k_cache.float(), v_cache.float(), meta, scale)
+    got = paged_decode_attention(q, k_cache, v_cache, tables, context_lens, scale)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), expected, atol=1e-2, rtol=1e-2)
