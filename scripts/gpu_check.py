@@ -16,7 +16,10 @@ It prints what it measures and writes JSON:
      from host lists as the engine does), which tells where CUDA graphs pay; replayed logits must match eager
      ones;
   4. engine: the whole engine on a small random GLM-4 checkpoint, with its CUDA graphs and without (greedy tokens
-     must agree), and the output tokens/s of each.
+     must agree), and the output tokens/s of each;
+  5. sampler: one call of the engine's sampler on GLM-4-9B's vocabulary at each batch size, greedy and with
+     GLM-4's default settings, on peaked and flat random logits (as scripts/bench_sampler.py does on the CPU), to
+     set against the decode step.
 """
 
 from __future__ import annotations
@@ -239,6 +242,24 @@ def check_engine(raw_config: dict, device: torch.device, num_prompts: int, max_t
     return result
 
 
+def measure_sampler(vocab: int, batches: list[int], device: torch.device, repeats: int) -> list[dict]:
+    from bench_sampler import LOGIT_SCALES, SETTINGS, make_sequences
+
+    from glm_engine.sampler import sample
+    from glm_engine.sequence import SamplingParams
+
+    timer, results = Timer(device), []
+    for batch in batches:
+        for setting in ("greedy", "GLM-4 default (T 0.8, top_p 0.8)"):
+            seqs = make_sequences(batch, SamplingParams(max_tokens=200, **SETTINGS[setting]), vocab)
+            for shape, scale in LOGIT_SCALES.items():
+                logits = torch.randn(batch, vocab, device=device) * scale
+                ms = timer.time(lambda: sample(logits.clone(), seqs), repeats) * 1e3
+                results.append({"batch": batch, "vocab": vocab, "setting": setting, "logits": shape, "ms": ms})
+                print(f"[sampler] {results[-1]}", flush=True)
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU, to check the script itself")
@@ -267,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                                        results["bandwidth_bytes_per_s"], args.repeats)
     results["engine"] = check_engine(TINY if args.smoke else SMALL_GLM4, device, num_prompts=4 if args.smoke else 32,
                                      max_tokens=8 if args.smoke else 128)
+    results["sampler"] = measure_sampler(config.vocab_size, batches, device, args.repeats)
 
     print("\n| batch | eager ms | CUDA graph ms | tokens/s | bandwidth limit tokens/s | of limit |\n|---|---|---|---|---|---|")
     for row in results["decode"]:
@@ -279,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"engine, {engine['prompts']} prompts x {engine['max_tokens']} tokens: "
           f"{engine['eager_output_tokens_per_s']:.0f} tok/s eager, {engine['cuda_graphs_output_tokens_per_s']:.0f} "
           f"tok/s with CUDA graphs (recorded: {engine['cuda_graphs_graphs_recorded']})")
+    print(f"sampler, one call on {config.vocab_size:,} tokens, ms: " + "; ".join(
+        f"batch {row['batch']} {row['setting']} {row['logits']} {row['ms']:.2f}" for row in results["sampler"]
+        if row["setting"] != "greedy" or row["logits"] == "peaked"))
     print(f"kernel against the torch path: {'ok' if kernel_ok else 'MISMATCH'}; "
           f"CUDA graphs against eager steps: {'ok' if graphs_ok else 'MISMATCH'}")
     if args.json:

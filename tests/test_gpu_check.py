@@ -26,6 +26,8 @@ def test_the_smoke_run_checks_the_kernel_and_measures_every_batch(tmp_path):
     engine = results["engine"]
     assert engine["tokens_equal"] and engine["eager_output_tokens_per_s"] > 0
     assert not engine["cuda_graphs_graphs_recorded"]  # nothing is recorded on the CPU
+    # Greedy and GLM-4's default sampling, peaked and flat logits, at each batch size.
+    assert len(results["sampler"]) == 2 * 2 * 2 and all(row["ms"] > 0 for row in results["sampler"])
 
 
 def test_the_glm4_9b_shape_is_the_published_one():
