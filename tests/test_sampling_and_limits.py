@@ -30,6 +30,18 @@ def test_same_seed_same_tokens_whatever_shares_the_batch(engine):
     assert engine.generate([PROMPT], SamplingParams(**{**SAMPLED.__dict__, "seed": 99}))[0] != alone
 
 
+def test_seeded_sampling_is_unchanged_by_preemption(engine):
+    """The same sampled requests in a pool so small that sequences are preempted and recomputed: each request's
+    random stream goes on where it was, so the texts are those of a roomy pool."""
+    requests = [[11 + i, 12, 13, 14 + i, 15] for i in range(4)]
+    params = [SamplingParams(max_tokens=20, temperature=0.9, top_p=0.95, seed=i, stop_token_ids=()) for i in range(4)]
+    roomy = engine.generate(requests, params)
+    tight = LLMEngine(EngineConfig(model_dir=engine.config.model_dir, block_size=4, num_kv_blocks=16,
+                                   max_model_len=128))
+    assert tight.generate(requests, params) == roomy
+    assert tight.scheduler.num_preemptions > 0
+
+
 def test_top_k_one_and_tiny_top_p_are_greedy(engine):
     greedy = engine.generate([PROMPT], SamplingParams(max_tokens=12, stop_token_ids=()))[0]
     top_k = engine.generate([PROMPT], SamplingParams(max_tokens=12, temperature=1.5, top_k=1, seed=3,
