@@ -39,6 +39,8 @@ def _options(parser):
     parser.add_argument("--prompt-words", default="16-512", help="prompt length range, in words (about tokens)")
     parser.add_argument("--output-tokens", default="16-256", help="max_tokens range")
     parser.add_argument("--scenario", default="mixed", choices=("mixed", "shared-prefix"))
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy, the server's default")
+    parser.add_argument("--top-p", type=float, default=1.0, help="1: no top-p filter, the server's default")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-requests", type=int, default=0, help="stop after this many requests (0: no bound)")
 
@@ -67,6 +69,9 @@ class GlmUser(User):
         # Each user draws from its own seeded mix: reproducible, yet users do not send the same requests.
         self.mix = RequestMix(options.seed * 1000 + next(_user_numbers), parse_range(options.prompt_words),
                               parse_range(options.output_tokens), options.scenario)
+        # Sampling settings go with every request, but only those that differ from the server's defaults.
+        self.sampling = {key: value for key, value, default in (("temperature", options.temperature, 0.0),
+                                                                ("top_p", options.top_p, 1.0)) if value != default}
 
     def record(self, request_type: str, name: str, started: float, output_tokens: int, error: Exception | None):
         self.environment.events.request.fire(
@@ -92,7 +97,7 @@ class HttpGenerateUser(HttpUser, GlmUser):
         request = self.mix.next()
         with self.client.post(f"/v2/models/{MODEL}/generate", name="generate", catch_response=True,
                               json={"text_input": request.prompt, "max_tokens": request.max_tokens,
-                                    "exclude_input_in_output": True}) as response:
+                                    "exclude_input_in_output": True, **self.sampling}) as response:
             if response.status_code != 200:
                 response.failure(f"HTTP {response.status_code}: {response.text[:200]}")
                 return
@@ -111,7 +116,7 @@ class HttpStreamUser(GlmUser):
     def generate_stream(self):
         request = self.mix.next()
         started, token_times, output_tokens, error = time.perf_counter(), [], 0, None
-        body = {"text_input": request.prompt, "max_tokens": request.max_tokens, "stream": True}
+        body = {"text_input": request.prompt, "max_tokens": request.max_tokens, "stream": True, **self.sampling}
         try:
             with self.http.post(f"{self.host}/v2/models/{MODEL}/generate_stream", json=body, stream=True,
                                 timeout=600) as response:
@@ -143,7 +148,7 @@ class GrpcStreamUser(GlmUser):
         started, token_times, output_tokens, error = time.perf_counter(), [], 0, None
         try:
             with GrpcClient(self.environment.parsed_options.grpc_url) as client, \
-                    client.stream(request.prompt, max_tokens=request.max_tokens) as stream:
+                    client.stream(request.prompt, max_tokens=request.max_tokens, **self.sampling) as stream:
                 for _ in stream:
                     token_times.append(time.perf_counter())
                 output_tokens = stream.generation.num_output_tokens

@@ -44,6 +44,7 @@ def locust_run(args: argparse.Namespace, users: int, prefix: str) -> float:
                "--csv", prefix, "--html", prefix + ".html", "--only-summary", "--loglevel", "WARNING",
                "--prompt-words", args.prompt_words, "--output-tokens", args.output_tokens,
                "--scenario", args.scenario, "--seed", str(args.seed), "--max-requests", str(args.max_requests),
+               "--temperature", str(args.temperature), "--top-p", str(args.top_p),
                *args.user_class]
     print(f"[loadtest] {args.label}: {users} user(s) of {', '.join(args.user_class)} for {args.run_time}...",
           flush=True)
@@ -140,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-words", default="16-512")
     parser.add_argument("--output-tokens", default="16-256")
     parser.add_argument("--scenario", default="mixed", choices=("mixed", "shared-prefix"))
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="sampling temperature of every request (0: greedy; GLM-4's own default is 0.8)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="top_p of every request (GLM-4's own default: 0.8)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--label", default="default", help="name of this configuration in the summary and plot")
     parser.add_argument("--out", default=os.path.join(HERE, "results"), help="directory for reports")

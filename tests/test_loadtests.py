@@ -32,12 +32,13 @@ def test_the_request_mix_is_seeded_and_keeps_to_its_ranges():
 
 
 def test_a_short_headless_run_of_every_user_class(triton_server, tmp_path):
-    """Bounded by requests (24), with a run time (60 s) it must not reach."""
+    """Bounded by requests (24), with a run time (60 s) it must not reach; sampling as GLM-4 does."""
     out = tmp_path / "results"
     completed = subprocess.run(
         [sys.executable, os.path.join(REPO, "loadtests", "run.py"), "--host", f"http://{triton_server.http_url}",
          "--grpc-url", triton_server.grpc_url, "--users", "3", "--run-time", "60s", "--max-requests", "24", "--prompt-words", "16-48",
-         "--output-tokens", "8-24", "--user-class", "HttpGenerateUser", "HttpStreamUser", "GrpcStreamUser",
+         "--output-tokens", "8-24", "--temperature", "0.8", "--top-p", "0.8",
+         "--user-class", "HttpGenerateUser", "HttpStreamUser", "GrpcStreamUser",
          "--label", "smoke", "--out", str(out)],
         capture_output=True, text=True, timeout=180)
     assert completed.returncode == 0, completed.stdout + completed.stderr
