@@ -23,10 +23,14 @@ SAMPLED = SamplingParams(max_tokens=16, temperature=1.0, seed=1234, stop_token_i
 
 
 def test_same_seed_same_tokens_whatever_shares_the_batch(engine):
+    # A small top-k is drawn among its candidates, the rest over the vocabulary: a mixed batch takes both ways.
+    with_top_k = SamplingParams(max_tokens=16, temperature=1.0, top_k=20, top_p=0.9, seed=77, stop_token_ids=())
     alone = engine.generate([PROMPT], SAMPLED)[0]
+    alone_with_top_k = engine.generate([PROMPT], with_top_k)[0]
     others = [SamplingParams(max_tokens=n, temperature=0.7, seed=n, stop_token_ids=()) for n in (3, 9, 20)]
-    crowded = engine.generate([[7, 8], PROMPT, [9] * 17, [30, 31, 32]], [others[0], SAMPLED, others[1], others[2]])
-    assert crowded[1] == alone
+    crowded = engine.generate([[7, 8], PROMPT, [9] * 17, [30, 31, 32], PROMPT],
+                              [others[0], SAMPLED, others[1], others[2], with_top_k])
+    assert crowded[1] == alone and crowded[4] == alone_with_top_k
     assert engine.generate([PROMPT], SamplingParams(**{**SAMPLED.__dict__, "seed": 99}))[0] != alone
 
 
@@ -78,16 +82,32 @@ def test_each_row_of_a_batch_samples_with_its_own_settings():
     assert seen == [{1, 2}, {1, 2}, {1, 2}, {1, 2, 4}]
 
 
-def test_draws_follow_the_distribution():
-    """4,000 sequences, each with a seed of its own, in one batch: the tokens' frequencies match softmax(logits / T)."""
+@pytest.mark.parametrize("top_k, expected", [
+    (0, [0.5, 0.0, 0.3, 0.15, 0.05]),  # over the whole vocabulary
+    (3, [0.5 / 0.95, 0.0, 0.3 / 0.95, 0.15 / 0.95, 0.0]),  # among the top-k candidates alone
+])
+def test_draws_follow_the_distribution(top_k, expected):
+    """4,000 sequences, each with a seed of its own, in one batch: the tokens' frequencies match softmax(logits / T)
+    over the tokens the filters keep."""
     probs = torch.tensor([0.5, 0.0, 0.3, 0.15, 0.05])
     temperature = 0.5
     logits = (probs.log() * temperature).repeat(4000, 1)  # softmax(logits / 0.5) == probs
-    seqs = [Sequence("s", [1], 1, SamplingParams(temperature=temperature), frozenset(), seed=seed)
+    seqs = [Sequence("s", [1], 1, SamplingParams(temperature=temperature, top_k=top_k), frozenset(), seed=seed)
             for seed in range(4000)]
     counts = torch.bincount(torch.tensor(sample(logits, seqs)[0]), minlength=5).float() / 4000
-    assert counts[1] == 0
-    assert torch.allclose(counts, probs, atol=0.025), counts  # 0.025 is over 3 standard deviations at p = 0.5
+    assert counts[1] == 0 and (top_k == 0 or counts[4] == 0)
+    # 0.025 is over 3 standard deviations at p = 0.5.
+    assert torch.allclose(counts, torch.tensor(expected), atol=0.025), counts
+
+
+def test_a_large_top_k_keeps_exactly_the_k_best():
+    """top_k 300 of 1,000 nearly equal tokens (past the 256 that are drawn among directly): every draw is one of
+    the 300 best, and the least likely of them are drawn too."""
+    logits = torch.linspace(1.0, 0.0, 1000).repeat(3000, 1)  # token i is the (i + 1)-th best
+    seqs = [Sequence("s", [1], 1, SamplingParams(temperature=1.0, top_k=300), frozenset(), seed=seed)
+            for seed in range(3000)]
+    tokens = sample(logits, seqs)[0]
+    assert max(tokens) == 299
 
 
 @pytest.mark.parametrize("sharpness", [8.0, 1.0, 0.1])  # nuclei of a few tokens, of hundreds, of nearly all

@@ -4,7 +4,8 @@ Order: penalties (repetition, presence, frequency), bad words and the min_tokens
 adjust the logits; then greedy rows take the best token, and sampled rows divide by their temperature, are
 filtered by top-k, top-p and min-p, and draw. Each of these is one tensor operation over all the rows that use it:
 the loop over rows that it replaces cost 0.2 to 0.8 ms per sampled row on the CPU with 8,192 tokens, and a dozen
-kernel launches per row on CUDA (scripts/bench_sampler.py times both).
+kernel launches per row on CUDA (scripts/bench_sampler.py times both). Rows with a top-k of at most 256 do all of
+it on their top-k candidates alone.
 
 The draw inverts each row's cumulative distribution at a number from the sequence's own random stream (Python's
 `random`, seeded once per request). So a seed gives the same tokens whatever else is in the batch, and the draws
@@ -89,37 +90,83 @@ def occurrences(token_lists: list[list[int]], rows: list[int], device: torch.dev
     return row_ids, tokens
 
 
+# A row whose top_k is at most this draws among its top-k tokens alone: after one topk, its work is [rows, top_k]
+# instead of [rows, vocabulary].
+SMALL_TOP_K = 256
+
+
 def draw(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-    """Sample one token per row of logits [rows, vocab] with each sequence's temperature and filters."""
-    vocab, device = logits.shape[1], logits.device
+    """Sample one token per row of logits [rows, vocab] with each sequence's temperature and filters. Rows with a
+    small top-k draw among their candidates, the others over the whole vocabulary. Which way a row goes depends on
+    its own settings only, so a seed gives the same token whatever shares the batch."""
+    vocab = logits.shape[1]
+    small = [0 < seq.params.top_k <= SMALL_TOP_K and seq.params.top_k < vocab for seq in seqs]
+    if all(small):
+        return _draw_among_top_k(logits, seqs)
+    if not any(small):
+        return _draw_over_vocabulary(logits, seqs)
+    tokens = torch.empty(len(seqs), dtype=torch.long, device=logits.device)
+    for draw_rows, wanted in ((_draw_among_top_k, True), (_draw_over_vocabulary, False)):
+        rows = [row for row, is_small in enumerate(small) if is_small == wanted]
+        index = torch.tensor(rows, device=logits.device)
+        tokens[index] = draw_rows(logits[index], [seqs[row] for row in rows])
+    return tokens
 
-    def column(values: list[float]) -> torch.Tensor:
-        return torch.tensor(values, dtype=logits.dtype, device=device)[:, None]
 
+def _column(values: list, like: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(values, dtype=like.dtype, device=like.device)[:, None]
+
+
+def _draw_among_top_k(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     params = [seq.params for seq in seqs]
-    scores = logits / column([p.temperature for p in params])
+    top_k = [p.top_k for p in params]
+    scores, candidates = torch.topk(logits, max(top_k), dim=-1)  # most likely first
+    beyond_k = torch.arange(max(top_k), device=logits.device)[None, :] >= _column(top_k, candidates)
+    scores = scores / _column([p.temperature for p in params], scores)
+    probs = torch.softmax(scores.masked_fill(beyond_k, float("-inf")), dim=-1)
+    if any(p.top_p < 1.0 for p in params):
+        top_p = _column([p.top_p for p in params], probs)
+        probs = probs.masked_fill((probs < _top_p_cutoff(probs, top_p)) & (top_p < 1.0), 0.0)
+    return candidates.gather(1, _min_p_and_invert(probs, seqs)[:, None])[:, 0]
 
-    top_k = [p.top_k if 0 < p.top_k < vocab else None for p in params]
+
+def _draw_over_vocabulary(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    params = [seq.params for seq in seqs]
+    scores = logits / _column([p.temperature for p in params], logits)
+
+    top_k = [p.top_k if 0 < p.top_k < logits.shape[1] else None for p in params]  # only large ones come here
     if any(top_k):
         most = max(k for k in top_k if k)
         largest = torch.topk(scores, most, dim=-1).values
-        kth_best = largest.gather(1, torch.tensor([[(k or most) - 1] for k in top_k], device=device))
-        kth_best.masked_fill_(torch.tensor([[k is None] for k in top_k], device=device), float("-inf"))  # no top-k
+        kth_best = largest.gather(1, torch.tensor([[(k or most) - 1] for k in top_k], device=logits.device))
+        kth_best.masked_fill_(torch.tensor([[k is None] for k in top_k], device=logits.device), float("-inf"))
         scores = scores.masked_fill(scores < kth_best, float("-inf"))
 
     probs = torch.softmax(scores, dim=-1)
     if any(p.top_p < 1.0 for p in params):
-        probs = _top_p_filter(probs, column([p.top_p for p in params]))
-    if any(p.min_p > 0.0 for p in params):
-        probs = probs.masked_fill(probs < column([p.min_p for p in params]) * probs.amax(dim=-1, keepdim=True), 0.0)
+        probs = _top_p_filter(probs, _column([p.top_p for p in params], probs))
+    return _min_p_and_invert(probs, seqs)
 
+
+def _min_p_and_invert(probs: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """Drop tokens below min_p times the best, then draw: the index of each row's token in `probs`."""
+    if any(seq.params.min_p > 0.0 for seq in seqs):
+        min_p = _column([seq.params.min_p for seq in seqs], probs)
+        probs = probs.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)
     # Inverse transform sampling: the first token whose cumulative probability exceeds u * total. That token has
     # a probability above zero, since the running sum grows there; u * total is kept below total, so one exists.
     cdf = probs.cumsum(dim=-1)
     total = cdf[:, -1:]
-    target = torch.minimum(column([seq.rng.random() for seq in seqs]) * total,
+    target = torch.minimum(_column([seq.rng.random() for seq in seqs], cdf) * total,
                            torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cdf, target, right=True)[:, 0]
+
+
+def _top_p_cutoff(best: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """best: candidates' probabilities, most likely first. The least likely candidate in each row's top-p set: a
+    candidate is in it while the ones ranked above it hold less than top_p (the best one always is)."""
+    kept = (best.cumsum(dim=-1) - best) < top_p
+    return best.masked_fill(~kept, float("inf")).amin(dim=-1, keepdim=True)
 
 
 def _top_p_filter(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -128,16 +175,12 @@ def _top_p_filter(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
 
     The set is looked for among each row's 256 most likely tokens first, and only if some row's set is longer in
     the whole sorted vocabulary: a full sort took most of the sampling time (8 of 10 ms for 32 rows of 8,192)."""
-
-    def nucleus(best: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """best: candidates' probabilities, most likely first."""
-        # A candidate is kept while the ones ranked above it hold less than top_p; the best one always is.
-        return best, (best.cumsum(dim=-1) - best) < top_p
-
     vocab = probs.shape[1]
-    best, kept = nucleus(torch.topk(probs, min(256, vocab), dim=-1).values)
-    if best.shape[1] < vocab and bool((kept[:, -1:] & (top_p < 1.0)).any()):  # a set that may go on past them
+    best = torch.topk(probs, min(256, vocab), dim=-1).values
+    cutoff = _top_p_cutoff(best, top_p)
+    # A set whose least likely member is the last candidate may go on past the candidates.
+    if best.shape[1] < vocab and bool(((cutoff == best[:, -1:]) & (top_p < 1.0)).any()):
         # Non-negative float32 values sort as their bits do as int32, which torch sorts 1.4-1.6x faster on the CPU.
-        best, kept = nucleus(torch.sort(probs.view(torch.int32), dim=-1, descending=True).values.view(probs.dtype))
-    cutoff = best.masked_fill(~kept, float("inf")).amin(dim=-1, keepdim=True)  # the least likely kept candidate
+        best = torch.sort(probs.view(torch.int32), dim=-1, descending=True).values.view(probs.dtype)
+        cutoff = _top_p_cutoff(best, top_p)
     return probs.masked_fill((probs < cutoff) & (top_p < 1.0), 0.0)
