@@ -2,12 +2,12 @@
 """Time the sampler (glm_engine/sampler.py) on one step's logits, optionally side by side with another version.
 
     .venv/bin/python scripts/bench_sampler.py [--vocab 8192,151552] [--batch 1,16,64] [--json sampler.json]
-    git show COMMIT:backends/python_glm/glm_engine/sampler.py > /tmp/sampler_then.py
-    .venv/bin/python scripts/bench_sampler.py --baseline /tmp/sampler_then.py
+    .venv/bin/python scripts/bench_sampler.py --baseline f01c9fb    # against the sampler of that commit
 
 For each vocabulary size, batch size, request setting and shape of the logits, it prints the milliseconds one call
-of sample() takes (the median of --repeat calls) and, with --baseline, the baseline's time and the ratio. The two
-run alternately, call by call, on the same logits. The logits are random: "peaked" ones (normal, standard deviation
+of sample() takes (the median of --repeat calls) and, with --baseline, the baseline's time and the ratio. The
+baseline is the sampler.py and sequence.py of a git commit, each version timed on sequences of its own classes;
+the two run alternately, call by call, on the same logits. The logits are random: "peaked" ones (normal, standard deviation
 4) put the top-p set on a few tokens, as a confident model does; "flat" ones (deviation 1) spread it over
 thousands, the worst case for top-p. GLM-4's vocabulary has 151,552 tokens; the demo and benchmark models 8,192.
 """
@@ -15,20 +15,23 @@ thousands, the worst case for top-p. GLM-4's vocabulary has 151,552 tokens; the 
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib
 import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+from types import SimpleNamespace
 
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "backends", "python_glm"))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(REPO, "backends", "python_glm"))
 
-from glm_engine import sampler  # noqa: E402
-from glm_engine.sequence import SamplingParams, Sequence  # noqa: E402
+from glm_engine import sampler, sequence  # noqa: E402
 
 SETTINGS = {
     "greedy": dict(temperature=0.0),
@@ -40,29 +43,34 @@ SETTINGS = {
 LOGIT_SCALES = {"peaked": 4.0, "flat": 1.0}
 
 
-def load_sampler(path: str):
-    """Load a sampler.py from another commit as a module of the glm_engine package, so its imports resolve."""
-    spec = importlib.util.spec_from_file_location("glm_engine.baseline_sampler", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def load_version(commit: str) -> SimpleNamespace:
+    """The sampler and sequence modules of a git commit, imported as a package of their own."""
+    package = f"glm_engine_{commit}"
+    directory = os.path.join(tempfile.mkdtemp(), package)
+    os.makedirs(directory)
+    open(os.path.join(directory, "__init__.py"), "w").close()
+    for name in ("sampler", "sequence"):
+        source = subprocess.run(["git", "show", f"{commit}:backends/python_glm/glm_engine/{name}.py"], cwd=REPO,
+                                check=True, capture_output=True, text=True).stdout
+        with open(os.path.join(directory, f"{name}.py"), "w") as f:
+            f.write(source)
+    sys.path.insert(0, os.path.dirname(directory))
+    return SimpleNamespace(sampler=importlib.import_module(f"{package}.sampler"),
+                           sequence=importlib.import_module(f"{package}.sequence"))
 
 
-def make_sequences(batch: int, params: SamplingParams, vocab: int) -> list[Sequence]:
-    """Sequences of 300 prompt and 100 output tokens, each with its own seed."""
-    seqs = []
-    for i in range(batch):
-        seq = Sequence(str(i), [(i + t) % vocab for t in range(400)], 300, params, frozenset({2}), seed=i)
-        seq.generator = None  # read by samplers before the batched one, which kept a torch.Generator per sequence
-        seqs.append(seq)
-    return seqs
+def make_sequences(batch: int, settings: dict, vocab: int, version=sequence) -> list:
+    """Sequences of 300 prompt and 100 output tokens, each with its own seed, of a version's own classes."""
+    params = version.SamplingParams(max_tokens=200, **settings)
+    return [version.Sequence(str(i), [(i + t) % vocab for t in range(400)], 300, params, frozenset({2}), seed=i)
+            for i in range(batch)]
 
 
-def time_calls(functions: dict, logits: torch.Tensor, seqs: list[Sequence], repeat: int) -> dict[str, float]:
-    """Median milliseconds per call of each function, called in turn on copies of the same logits."""
-    times = {name: [] for name in functions}
+def time_calls(calls: dict, logits: torch.Tensor, repeat: int) -> dict[str, float]:
+    """Median milliseconds per call of each (sample, sequences), called in turn on copies of the same logits."""
+    times = {name: [] for name in calls}
     for _ in range(repeat + 1):  # the first round warms up and is dropped
-        for name, sample in functions.items():
+        for name, (sample, seqs) in calls.items():
             copy = logits.clone()
             started = time.perf_counter()
             sample(copy, seqs)
@@ -75,28 +83,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocab", default="8192,151552", help="vocabulary sizes, comma-separated")
     parser.add_argument("--batch", default="1,16,64", help="batch sizes, comma-separated")
     parser.add_argument("--repeat", type=int, default=7, help="calls per figure (median)")
-    parser.add_argument("--baseline", help="another sampler.py to time side by side")
+    parser.add_argument("--baseline", help="a git commit whose sampler to time side by side")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    functions = {"current": sampler.sample}
+    versions = {"current": SimpleNamespace(sampler=sampler, sequence=sequence)}
     if args.baseline:
-        functions["baseline"] = load_sampler(args.baseline).sample
+        versions["baseline"] = load_version(args.baseline)
     header = f"{'vocab':>7} {'batch':>5}  {'setting':34} {'logits':6} {'ms':>8}"
     print(header + (f" {'baseline ms':>11} {'speed-up':>8}" if args.baseline else ""))
     results = []
     for vocab in map(int, args.vocab.split(",")):
         for batch in map(int, args.batch.split(",")):
             for setting, values in SETTINGS.items():
-                seqs = make_sequences(batch, SamplingParams(max_tokens=200, **values), vocab)
+                calls = {name: (version.sampler.sample, make_sequences(batch, values, vocab, version.sequence))
+                         for name, version in versions.items()}
                 for shape, scale in LOGIT_SCALES.items():
                     if setting == "greedy" and shape == "flat":
                         continue  # greedy does not look at the shape
                     logits = torch.randn(batch, vocab, generator=torch.Generator().manual_seed(batch)) * scale
-                    ms = time_calls(functions, logits, seqs, args.repeat)
+                    ms = time_calls(calls, logits, args.repeat)
                     row = dict(vocab=vocab, batch=batch, setting=setting, logits=shape, ms=ms["current"])
                     line = f"{vocab:>7} {batch:>5}  {setting:34} {shape:6} {ms['current']:8.2f}"
                     if args.baseline:

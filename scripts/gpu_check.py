@@ -246,12 +246,11 @@ def measure_sampler(vocab: int, batches: list[int], device: torch.device, repeat
     from bench_sampler import LOGIT_SCALES, SETTINGS, make_sequences
 
     from glm_engine.sampler import sample
-    from glm_engine.sequence import SamplingParams
 
     timer, results = Timer(device), []
     for batch in batches:
         for setting in ("greedy", "GLM-4 default (T 0.8, top_p 0.8)"):
-            seqs = make_sequences(batch, SamplingParams(max_tokens=200, **SETTINGS[setting]), vocab)
+            seqs = make_sequences(batch, SETTINGS[setting], vocab)
             for shape, scale in LOGIT_SCALES.items():
                 logits = torch.randn(batch, vocab, device=device) * scale
                 ms = timer.time(lambda: sample(logits.clone(), seqs), repeats) * 1e3

@@ -50,11 +50,6 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
 
-    @property
-    def adjusts_logits(self) -> bool:
-        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
-                or bool(self.bad_words_ids))
-
     def validate(self) -> None:
         """Raise ValueError naming the setting that is out of range."""
         if self.max_tokens < 1:
