@@ -12,8 +12,6 @@ events), GrpcStreamUser (gRPC bidirectional streaming through tritonclient.grpc)
 from __future__ import annotations
 
 import itertools
-import os
-import sys
 import time
 
 import grpc.experimental.gevent
@@ -23,11 +21,8 @@ from locust import HttpUser, User, between, events, task
 # Locust runs users as gevent greenlets; gRPC must cooperate with them (before any channel is made).
 grpc.experimental.gevent.init_gevent()
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
 from clients.client import event_piece  # noqa: E402
-from prompts import REQUEST_NAMES, RequestMix, parse_range  # noqa: E402
+from loadtests.prompts import REQUEST_NAMES, RequestMix, parse_range  # noqa: E402
 
 MODEL = "ensemble"
 _user_numbers = itertools.count()

@@ -20,10 +20,9 @@ import sys
 import time
 from urllib.parse import urlparse
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+from loadtests.prompts import REQUEST_NAMES
 
-from prompts import REQUEST_NAMES  # noqa: E402
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 USER_CLASSES = ("HttpGenerateUser", "HttpStreamUser", "GrpcStreamUser")
 PERCENTILES = {"p50": "50%", "p95": "95%", "p99": "99%"}

@@ -2,6 +2,7 @@
 """Benchmark the engine on a ~30M-parameter GLM-4 it builds, against transformers, offline and through Triton.
 
     .venv/bin/python scripts/bench_engine.py [--num-requests 32] [--repeat 3] [--json bench.json] [--skip-server]
+                                             [--runs engine_offline,...] [--model-dir DIR]
 
 (run ./scripts/setup_env.sh requirements-test.txt once first: it installs transformers, the baseline). It measures, on one fixed, seeded mix
 of prompt lengths (16-512 tokens) and output lengths (16-256), every request running to its own length:
@@ -30,11 +31,9 @@ import time
 import numpy as np
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "backends", "python_glm")]
-
-from glm_engine import EngineConfig, LLMEngine, SamplingParams  # noqa: E402
-from make_demo_model import build_demo_model  # noqa: E402
+from glm_engine import EngineConfig, LLMEngine, SamplingParams
+from glm_tools.demo_model import build_demo_model
+from glm_tools.launcher import TritonServer, free_port
 
 BENCH_ARCHITECTURE = dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=8, num_attention_heads=8,
                           num_key_value_heads=2, head_dim=64)
@@ -119,10 +118,6 @@ def bench_triton(model_dir: str, requests, outputs=("output_ids", "sequence_leng
     """One gRPC streaming client per request against the glm model, all started at once. Like TensorRT-LLM's
     streaming client, each asks for the outputs it reads (None: all of them)."""
     import tritonclient.grpc as grpcclient
-    from triton_server import TritonServer
-
-    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
-    from conftest import free_port
 
     log_path = os.path.join(tempfile.mkdtemp(), "tritonserver.log")
     with TritonServer(free_port(), free_port(), free_port(), model_dir=model_dir, log_path=log_path) as server:
@@ -178,54 +173,65 @@ def bench_triton(model_dir: str, requests, outputs=("output_ids", "sequence_leng
             "itl_p50_s": percentile(itl, 50), "itl_p99_s": percentile(itl, 99)}
 
 
+# The runs whose output tokens/s are compared, in the order of the table.
 RUNS = ("engine_through_triton", "engine_offline", "engine_offline_sampled", "transformers_static_batches",
         "transformers_one_at_a_time")
+BASELINES = ("transformers_one_at_a_time", "transformers_static_batches")
 
 
-def run_round(model_dir: str, requests, batch_size: int, skip_server: bool) -> dict:
+def measurements(model_dir: str, requests, batch_size: int) -> dict:
+    """Every measurement by name, in the order a round runs them."""
+    return {
+        "engine_offline": lambda: bench_engine_offline(model_dir, requests),
+        "engine_offline_sampled": lambda: bench_engine_offline(model_dir, requests, GLM4_SAMPLING),
+        "transformers_one_at_a_time": lambda: bench_transformers(model_dir, requests, 1),
+        "transformers_static_batches": lambda: bench_transformers(model_dir, requests, batch_size),
+        "prefix_cache": lambda: bench_prefix_cache(model_dir),
+        "engine_through_triton": lambda: bench_triton(model_dir, requests),
+    }
+
+
+def run_round(runs: dict, names: list[str]) -> dict:
     results = {}
-    for name, run in [("engine_offline", lambda: bench_engine_offline(model_dir, requests)),
-                      ("engine_offline_sampled", lambda: bench_engine_offline(model_dir, requests, GLM4_SAMPLING)),
-                      ("transformers_one_at_a_time", lambda: bench_transformers(model_dir, requests, 1)),
-                      ("transformers_static_batches", lambda: bench_transformers(model_dir, requests, batch_size)),
-                      ("prefix_cache", lambda: bench_prefix_cache(model_dir)),
-                      *([] if skip_server else [("engine_through_triton", lambda: bench_triton(model_dir, requests))])]:
+    for name in names:
         print(f"[bench] {name}...", flush=True)
-        results[name] = run()
+        results[name] = runs[name]()
         print(f"[bench]   {json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in results[name].items()})}",
               flush=True)
     return results
 
 
 def summarize(rounds: list[dict]) -> dict:
-    """Medians over rounds. Ratios are taken within each round (side by side), then their median."""
+    """Medians over rounds. Ratios are taken within each round (side by side), then their median; each figure
+    only where the runs it needs were made."""
     def median(values):
         return float(np.median(values))
 
+    done = set(rounds[0])
     summary = {}
     for name in RUNS:
-        if name not in rounds[0]:
+        if name not in done:
             continue
         rates = [r[name]["tokens_per_s"] for r in rounds]
-        summary[name] = {
-            "tokens_per_s": median(rates), "tokens_per_s_range": [min(rates), max(rates)],
-            "vs_one_at_a_time": median([r[name]["tokens_per_s"] / r["transformers_one_at_a_time"]["tokens_per_s"]
-                                        for r in rounds]),
-            "vs_static_batches": median([r[name]["tokens_per_s"] / r["transformers_static_batches"]["tokens_per_s"]
-                                         for r in rounds]),
-        }
-    if "engine_through_triton" in rounds[0]:
+        summary[name] = {"tokens_per_s": median(rates), "tokens_per_s_range": [min(rates), max(rates)]}
+        for baseline, key in zip(BASELINES, ("vs_one_at_a_time", "vs_static_batches")):
+            if baseline in done:
+                summary[name][key] = median([r[name]["tokens_per_s"] / r[baseline]["tokens_per_s"] for r in rounds])
+    if "engine_through_triton" in done:
         summary["engine_through_triton"].update({key: median([r["engine_through_triton"][key] for r in rounds])
                                                  for key in ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s")})
-    summary["sampled_vs_greedy"] = median([r["engine_offline_sampled"]["tokens_per_s"]
-                                           / r["engine_offline"]["tokens_per_s"] for r in rounds])
-    summary["kv_waste_at_peak"] = median([r["engine_offline"]["kv_waste_at_peak"] for r in rounds])
-    summary["prefix_cache"] = {key: median([r["prefix_cache"][key] for r in rounds])
-                               for key in ("ttft_cold_s", "ttft_warm_s", "speedup")}
+    if {"engine_offline", "engine_offline_sampled"} <= done:
+        summary["sampled_vs_greedy"] = median([r["engine_offline_sampled"]["tokens_per_s"]
+                                               / r["engine_offline"]["tokens_per_s"] for r in rounds])
+    if "engine_offline" in done:
+        summary["kv_waste_at_peak"] = median([r["engine_offline"]["kv_waste_at_peak"] for r in rounds])
+    if "prefix_cache" in done:
+        summary["prefix_cache"] = {key: median([r["prefix_cache"][key] for r in rounds])
+                                   for key in ("prefix_tokens", "ttft_cold_s", "ttft_warm_s", "speedup")}
     return summary
 
 
-def print_summary(summary: dict, num_rounds: int, prefix_tokens: int) -> None:
+def print_summary(summary: dict, num_rounds: int) -> None:
     spread = num_rounds > 1
     print()
     if spread:
@@ -236,17 +242,21 @@ def print_summary(summary: dict, num_rounds: int, prefix_tokens: int) -> None:
             row = summary[name]
             low, high = row["tokens_per_s_range"]
             rate = f"{row['tokens_per_s']:.0f}" + (f" ({low:.0f}-{high:.0f})" if spread else "")
-            print(f"| {name} | {rate} | {row['vs_one_at_a_time']:.2f}x | {row['vs_static_batches']:.2f}x |")
+            ratios = [f"{row[key]:.2f}x" if key in row else "-" for key in ("vs_one_at_a_time", "vs_static_batches")]
+            print(f"| {name} | {rate} | {' | '.join(ratios)} |")
     if "engine_through_triton" in summary:
         t = summary["engine_through_triton"]
         print(f"\nThrough Triton: TTFT P50 {t['ttft_p50_s'] * 1000:.0f} ms, P99 {t['ttft_p99_s'] * 1000:.0f} ms; "
               f"ITL P50 {t['itl_p50_s'] * 1000:.0f} ms, P99 {t['itl_p99_s'] * 1000:.0f} ms")
-    print(f"Sampling as GLM-4 does ({GLM4_SAMPLING}) against greedy, offline: {summary['sampled_vs_greedy']:.2f}x "
-          "the output tokens/s (the transformers baselines are greedy)")
-    p = summary["prefix_cache"]
-    print(f"KV waste at peak: {summary['kv_waste_at_peak'] * 100:.1f}%")
-    print(f"Prefix cache ({prefix_tokens}-token prefix): TTFT {p['ttft_cold_s'] * 1000:.0f} ms cold, "
-          f"{p['ttft_warm_s'] * 1000:.0f} ms warm, {p['speedup']:.1f}x")
+    if "sampled_vs_greedy" in summary:
+        print(f"Sampling as GLM-4 does ({GLM4_SAMPLING}) against greedy, offline: {summary['sampled_vs_greedy']:.2f}x "
+              "the output tokens/s (the transformers baselines are greedy)")
+    if "kv_waste_at_peak" in summary:
+        print(f"KV waste at peak: {summary['kv_waste_at_peak'] * 100:.1f}%")
+    if "prefix_cache" in summary:
+        p = summary["prefix_cache"]
+        print(f"Prefix cache ({p['prefix_tokens']:.0f}-token prefix): TTFT {p['ttft_cold_s'] * 1000:.0f} ms cold, "
+              f"{p['ttft_warm_s'] * 1000:.0f} ms warm, {p['speedup']:.1f}x")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -257,10 +267,25 @@ def main(argv: list[str] | None = None) -> int:
                         help="rounds of every measurement, reported as medians (shared machines are noisy)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--skip-server", action="store_true", help="offline figures only")
+    parser.add_argument("--runs", help="comma-separated measurements to make (default: all); "
+                                       "engine_offline, engine_offline_sampled, transformers_one_at_a_time, "
+                                       "transformers_static_batches, prefix_cache, engine_through_triton")
+    parser.add_argument("--model-dir", help="benchmark this checkpoint instead of building the benchmark model "
+                                            "(prompts are drawn from its vocabulary)")
     args = parser.parse_args(argv)
 
-    model_dir = build_demo_model(os.path.join(tempfile.mkdtemp(), "glm-bench"), architecture=BENCH_ARCHITECTURE)
-    requests = workload(args.num_requests, vocab=8192)
+    if args.model_dir:
+        model_dir = args.model_dir
+    else:
+        model_dir = build_demo_model(os.path.join(tempfile.mkdtemp(), "glm-bench"), architecture=BENCH_ARCHITECTURE)
+    with open(os.path.join(model_dir, "config.json")) as f:
+        vocab = json.load(f)["vocab_size"]
+    requests = workload(args.num_requests, vocab=vocab)
+    runs = measurements(model_dir, requests, args.batch_size)
+    names = args.runs.split(",") if args.runs else [n for n in runs if not (args.skip_server and "triton" in n)]
+    unknown = sorted(set(names) - set(runs))
+    if unknown:
+        parser.error(f"unknown --runs {unknown}; known: {', '.join(runs)}")
     print(f"[bench] {len(requests)} requests, prompts {min(len(p) for p, _ in requests)}-"
           f"{max(len(p) for p, _ in requests)} tokens, outputs {min(n for _, n in requests)}-"
           f"{max(n for _, n in requests)} ({sum(n for _, n in requests)} in all); torch threads "
@@ -270,13 +295,13 @@ def main(argv: list[str] | None = None) -> int:
     for index in range(args.repeat):
         if args.repeat > 1:
             print(f"[bench] round {index + 1} of {args.repeat}", flush=True)
-        rounds.append(run_round(model_dir, requests, args.batch_size, args.skip_server))
+        rounds.append(run_round(runs, names))
     summary = summarize(rounds)
-    print_summary(summary, len(rounds), rounds[0]["prefix_cache"]["prefix_tokens"])
+    print_summary(summary, len(rounds))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"num_requests": len(requests), "torch_threads": torch.get_num_threads(), "summary": summary,
-                       "rounds": rounds}, f, indent=2)
+            json.dump({"num_requests": len(requests), "requested_output_tokens": sum(n for _, n in requests),
+                       "torch_threads": torch.get_num_threads(), "summary": summary, "rounds": rounds}, f, indent=2)
         print(f"[bench] wrote {args.json}")
     return 0
 

@@ -6,64 +6,51 @@
 
 For each vocabulary size, batch size, request setting and shape of the logits, it prints the milliseconds one call
 of sample() takes (the median of --repeat calls) and, with --baseline, the baseline's time and the ratio. The
-baseline is the sampler.py and sequence.py of a git commit, each version timed on sequences of its own classes;
-the two run alternately, call by call, on the same logits. The logits are random: "peaked" ones (normal, standard deviation
-4) put the top-p set on a few tokens, as a confident model does; "flat" ones (deviation 1) spread it over
-thousands, the worst case for top-p. GLM-4's vocabulary has 151,552 tokens; the demo and benchmark models 8,192.
+baseline is the engine package of a git commit, each version timed on sequences of its own classes; the two run
+alternately, call by call, on the same logits. The logits are random (glm_tools/sampling_cases.py): "peaked" ones
+put the top-p set on a few tokens, as a confident model does; "flat" ones spread it over thousands, the worst
+case for top-p. GLM-4's vocabulary has 151,552 tokens; the demo and benchmark models 8,192.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
+import io
 import json
 import os
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from types import SimpleNamespace
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(REPO, "backends", "python_glm"))
+from glm_engine import sampler, sequence
+from glm_tools.sampling_cases import LOGIT_SCALES, SETTINGS, make_sequences
 
-from glm_engine import sampler, sequence  # noqa: E402
-
-SETTINGS = {
-    "greedy": dict(temperature=0.0),
-    "temperature 0.7": dict(temperature=0.7),
-    "GLM-4 default (T 0.8, top_p 0.8)": dict(temperature=0.8, top_p=0.8),
-    "T 0.7, top_k 50, top_p 0.9": dict(temperature=0.7, top_k=50, top_p=0.9),
-    "T 0.7, top_p 0.9, repetition 1.1": dict(temperature=0.7, top_p=0.9, repetition_penalty=1.1),
-}
-LOGIT_SCALES = {"peaked": 4.0, "flat": 1.0}
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENGINE_PATH = "backends/python_glm/glm_engine"
 
 
 def load_version(commit: str) -> SimpleNamespace:
-    """The sampler and sequence modules of a git commit, imported as a package of their own."""
+    """The sampler and sequence modules of a git commit's engine package, imported as a package of its own."""
     package = f"glm_engine_{commit}"
-    directory = os.path.join(tempfile.mkdtemp(), package)
-    os.makedirs(directory)
-    open(os.path.join(directory, "__init__.py"), "w").close()
-    for name in ("sampler", "sequence"):
-        source = subprocess.run(["git", "show", f"{commit}:backends/python_glm/glm_engine/{name}.py"], cwd=REPO,
-                                check=True, capture_output=True, text=True).stdout
-        with open(os.path.join(directory, f"{name}.py"), "w") as f:
-            f.write(source)
-    sys.path.insert(0, os.path.dirname(directory))
+    archive = subprocess.run(["git", "archive", commit, ENGINE_PATH], cwd=REPO, check=True, capture_output=True).stdout
+    root = tempfile.mkdtemp()
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(root, filter="data")
+    directory = os.path.join(root, ENGINE_PATH)
+    spec = importlib.util.spec_from_file_location(package, os.path.join(directory, "__init__.py"),
+                                                  submodule_search_locations=[directory])
+    sys.modules[package] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sys.modules[package])
     return SimpleNamespace(sampler=importlib.import_module(f"{package}.sampler"),
                            sequence=importlib.import_module(f"{package}.sequence"))
-
-
-def make_sequences(batch: int, settings: dict, vocab: int, version=sequence) -> list:
-    """Sequences of 300 prompt and 100 output tokens, each with its own seed, of a version's own classes."""
-    params = version.SamplingParams(max_tokens=200, **settings)
-    return [version.Sequence(str(i), [(i + t) % vocab for t in range(400)], 300, params, frozenset({2}), seed=i)
-            for i in range(batch)]
 
 
 def time_calls(calls: dict, logits: torch.Tensor, repeat: int) -> dict[str, float]:
@@ -115,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
                     results.append(row)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(dict(threads=torch.get_num_threads(), baseline=args.baseline, results=results), f, indent=1)
+            json.dump(dict(threads=torch.get_num_threads(), baseline=args.baseline, settings=SETTINGS, results=results),
+                      f, indent=1)
         print(f"wrote {args.json}")
     return 0
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Create .venv (Python 3.11: the Triton Python stub embeds the system's libpython3.11) and install the pinned
-# requirements file given as $1. Does nothing when that file has not changed since the last install.
+# Create .venv (Python 3.11: the Triton Python stub embeds the system's libpython3.11), install the pinned
+# requirements file given as $1, then this repository's packages (pyproject.toml), editable and without
+# dependencies. Does nothing when neither the requirements nor pyproject.toml changed since the last install.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 requirements="$repo/${1:-requirements.txt}"
@@ -16,10 +17,12 @@ if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "$venv"
 fi
 stamp="$venv/.installed-$(basename "$requirements").sha256"
-wanted="$(cat "$repo"/requirements*.txt "$repo"/clients/requirements.txt | sha256sum | cut -d' ' -f1)"
+wanted="$(cat "$repo"/requirements*.txt "$repo"/clients/requirements.txt "$repo"/pyproject.toml | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
   echo "[setup] installing $(basename "$requirements") into $venv (about a minute on a fresh machine)"
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$requirements"
+  echo "[setup] installing glm_engine, triton_glm, clients, glm_tools and loadtests (editable)"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --editable "$repo"
   echo "$wanted" > "$stamp"
 fi

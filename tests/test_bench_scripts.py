@@ -1,28 +1,43 @@
-"""The benchmark scripts still run: on tiny sizes, so that a change to the engine cannot leave them broken."""
+"""The benchmark scripts still run, as a user runs them: on tiny sizes, so that a change to the engine cannot leave
+them broken."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
-import bench_engine
-import bench_sampler
+from support import REPO
 
 
-def test_bench_sampler_times_current_and_baseline_side_by_side(tmp_path, capsys):
+def run_script(name: str, *args: str) -> subprocess.CompletedProcess:
+    completed = subprocess.run([sys.executable, os.path.join(REPO, "scripts", name), *args], capture_output=True,
+                               text=True, timeout=300, cwd=REPO)
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    return completed
+
+
+def test_bench_sampler_times_current_and_baseline_side_by_side(tmp_path):
     out = tmp_path / "sampler.json"
     # HEAD, which every clone has (shallow ones too), read from git as any other commit is.
-    assert bench_sampler.main(["--vocab", "300", "--batch", "1,3", "--repeat", "1", "--baseline", "HEAD",
-                               "--json", str(out)]) == 0
-    results = json.loads(out.read_text())["results"]
+    completed = run_script("bench_sampler.py", "--vocab", "300", "--batch", "1,3", "--repeat", "1",
+                           "--baseline", "HEAD", "--json", str(out))
+    written = json.loads(out.read_text())
+    results = written["results"]
     # Every setting with both logit shapes, except greedy's flat one, at both batch sizes.
-    assert len(results) == 2 * (2 * len(bench_sampler.SETTINGS) - 1)
+    assert len(results) == 2 * (2 * len(written["settings"]) - 1)
     assert all(row["ms"] > 0 and row["baseline_ms"] > 0 for row in results)
-    assert "speed-up" in capsys.readouterr().out
+    assert "speed-up" in completed.stdout
 
 
-def test_bench_engine_offline_counts_every_requested_token_greedy_and_sampled(demo_model_dir):
-    requests = bench_engine.workload(3, vocab=8192)
-    for sampling in (None, bench_engine.GLM4_SAMPLING):
-        result = bench_engine.bench_engine_offline(demo_model_dir, requests, sampling)
-        assert result["output_tokens"] == sum(length for _, length in requests)
-        assert 0 <= result["kv_waste_at_peak"] < 1
+def test_bench_engine_offline_counts_every_requested_token_greedy_and_sampled(demo_model_dir, tmp_path):
+    out = tmp_path / "bench.json"
+    run_script("bench_engine.py", "--model-dir", demo_model_dir, "--num-requests", "3",
+               "--runs", "engine_offline,engine_offline_sampled", "--json", str(out))
+    written = json.loads(out.read_text())
+    (results,) = written["rounds"]
+    for name in ("engine_offline", "engine_offline_sampled"):
+        assert results[name]["output_tokens"] == written["requested_output_tokens"]
+        assert 0 <= results[name]["kv_waste_at_peak"] < 1
+    assert 0 < written["summary"]["sampled_vs_greedy"]

@@ -92,7 +92,7 @@ def test_a_hit_always_leaves_the_last_prompt_token_to_compute():
 
 @pytest.fixture(scope="module")
 def glm4_dir(tmp_path_factory):
-    from conftest import make_tiny_checkpoint
+    from support.checkpoints import make_tiny_checkpoint
 
     return make_tiny_checkpoint(str(tmp_path_factory.mktemp("glm4-accounting")), "glm4")[0]
 

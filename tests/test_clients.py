@@ -15,7 +15,9 @@ from clients import (AsyncGrpcClient, AsyncHttpClient, ChatTemplate, GrpcClient,
                      ModelNotReadyError, OverloadedError, RequestCancelledError, RequestTimeoutError, ServerError,
                      ServerUnavailableError)
 from clients.errors import from_http, from_triton
-from conftest import REPO, free_port, metric, metrics, wait_for
+from glm_tools.launcher import free_port
+from support import REPO
+from support.server import metric, metrics, wait_for
 
 pytestmark = pytest.mark.integration
 PROTOCOLS = ["grpc", "http"]

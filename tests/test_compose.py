@@ -10,7 +10,7 @@ import shlex
 import pytest
 import yaml
 
-from conftest import REPO
+from support import REPO
 
 NGC_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"  # Triton 2.51, the release inside nvidia-pytriton 0.7.0
 
@@ -52,7 +52,7 @@ def test_mounted_paths_exist_and_the_checkpoint_comes_from_the_environment(servi
         targets[target] = source
         if source.startswith("${GLM_MODEL_DIR"):
             # Without GLM_MODEL_DIR the demo checkpoint that serve.sh / make_demo_model.py build is served.
-            from make_demo_model import DEFAULT_OUT
+            from glm_tools.demo_model import DEFAULT_OUT
 
             default = source.split(":-", 1)[1].rstrip("}")
             assert os.path.normpath(os.path.join(REPO, default)) == DEFAULT_OUT

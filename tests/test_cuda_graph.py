@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from test_engine_vs_transformers import assert_matches_reference, make_engine, prompts, record_logits, run_all
+from support.reference import assert_matches_reference, make_engine, prompts, record_logits, run_all
 
 from glm_engine import model_runner
 from glm_engine.cuda_graph import graph_batch_sizes
@@ -51,18 +51,19 @@ def test_padding_rows_write_only_the_scratch_block(tiny_model, graphs_on_the_cpu
     model_dir, _ = tiny_model
     engine = make_engine(model_dir, cuda_graph_max_batch=8, num_kv_blocks=16)
     runner, graphs = engine.runner, engine.runner.decode_graphs
-    block_size, cache = runner.block_size, runner.kv_cache
+    block_size, caches = runner.block_size, [cache for layer in runner.kv_caches for cache in layer]
 
     def step(rows):
         """Decode one token for each (block, position) row, in a block of its own; returns the blocks written."""
-        cache.zero_()
+        for cache in caches:
+            cache.zero_()
         with torch.inference_mode():
             logits = graphs.run(
                 input_ids=[5] * len(rows), positions=[pos for _, pos in rows],
                 slots=[block * block_size + pos for block, pos in rows],
                 block_tables=[[block] for block, _ in rows], context_lens=[pos + 1 for _, pos in rows])
         assert logits.shape == (len(rows), engine.model_config.vocab_size)
-        written = (cache != 0).flatten(3).any(-1).any(0).any(0)  # [blocks]
+        written = torch.stack([(cache != 0).flatten(1).any(-1) for cache in caches]).any(0)  # [blocks]
         return set(written.nonzero().flatten().tolist())
 
     scratch = graphs.scratch_block

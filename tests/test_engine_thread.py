@@ -11,7 +11,7 @@ from glm_engine import EngineConfig, EngineThread, FinishReason, LLMEngine, Samp
 
 @pytest.fixture(scope="module")
 def engine_thread(tmp_path_factory):
-    from conftest import make_tiny_checkpoint
+    from support.checkpoints import make_tiny_checkpoint
 
     model_dir = make_tiny_checkpoint(str(tmp_path_factory.mktemp("glm4-thread")), "glm4")[0]
     thread = EngineThread(lambda: LLMEngine(EngineConfig(model_dir=model_dir, block_size=4, num_kv_blocks=64)))

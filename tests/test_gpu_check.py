@@ -1,4 +1,4 @@
-"""scripts/gpu_check.py, the check a GPU machine runs, in its --smoke form: tiny shapes on the CPU, the kernel
+"""glm_tools/gpu_check.py (scripts/gpu_check.py), the check a GPU machine runs, in its --smoke form: tiny shapes on the CPU, the kernel
 under Triton's interpreter. It shows that the script runs end to end and writes what the docs say it writes."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-import gpu_check  # noqa: E402
+from glm_tools import gpu_check  # noqa: E402
 
 
 def test_the_smoke_run_checks_the_kernel_and_measures_every_batch(tmp_path):
@@ -39,9 +39,9 @@ def test_the_glm4_9b_shape_is_the_published_one():
 
 
 def test_a_wrong_kernel_fails_the_check(tmp_path, monkeypatch):
-    import glm_engine.triton_attention as triton_attention
+    import glm_engine.paged_decode_kernel as paged_decode_kernel
 
-    monkeypatch.setattr(triton_attention, "paged_decode_attention", lambda q, *args: gpu_check.torch.zeros_like(q))
+    monkeypatch.setattr(paged_decode_kernel, "paged_decode_attention", lambda q, *args: gpu_check.torch.zeros_like(q))
     assert gpu_check.main(["--smoke", "--json", str(tmp_path / "gpu_check.json")]) == 1
 
 

@@ -9,11 +9,9 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from support import REPO
 
-sys.path.insert(0, os.path.join(REPO, "loadtests"))
-
-from prompts import SYSTEM_PROMPT, RequestMix, parse_range  # noqa: E402
+from loadtests.prompts import SYSTEM_PROMPT, RequestMix, parse_range
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,7 @@ from glm_engine.sequence import Sequence
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    from conftest import make_tiny_checkpoint
+    from support.checkpoints import make_tiny_checkpoint
 
     model_dir = make_tiny_checkpoint(str(tmp_path_factory.mktemp("glm4-sampling")), "glm4")[0]
     return LLMEngine(EngineConfig(model_dir=model_dir, block_size=4, num_kv_blocks=64, max_model_len=128))

@@ -16,7 +16,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from clients.request import SAMPLING_INPUTS
-from conftest import metric, metrics, wait_for
+from support.server import metric, metrics, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -73,7 +73,7 @@ def test_stop_string_filter_holds_back_what_could_start_one():
 
 
 def test_demo_model_is_deterministic_and_matches_transformers(demo_model_dir, tmp_path):
-    from make_demo_model import build_demo_model
+    from glm_tools.demo_model import build_demo_model
     from transformers import Glm4ForCausalLM
 
     again = build_demo_model(str(tmp_path / "again"))

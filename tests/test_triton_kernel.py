@@ -14,8 +14,8 @@ pytest.importorskip("triton")
 assert os.environ.get("TRITON_INTERPRET") == "1", "conftest.py sets it before triton is imported"
 
 from glm_engine.attention import AttentionMetadata, paged_attention  # noqa: E402
-from glm_engine.triton_attention import paged_decode_attention  # noqa: E402
-from gpu_check import random_decode_batch  # noqa: E402  (the GPU check's random block layouts)
+from glm_engine.paged_decode_kernel import paged_decode_attention  # noqa: E402
+from glm_tools.gpu_check import random_decode_batch  # noqa: E402  (the GPU check's random block layouts)
 
 
 @pytest.mark.parametrize("seed, num_heads, num_kv_heads, head_dim, block_size", [
@@ -38,7 +38,7 @@ def test_decode_kernel_matches_the_torch_path(seed, num_heads, num_kv_heads, hea
 
 
 def test_the_engine_decodes_through_the_kernel_as_transformers_does(tiny_model):
-    from test_engine_vs_transformers import GREEDY, assert_matches_reference, prompts, run_all
+    from support.reference import GREEDY, assert_matches_reference, prompts, run_all
 
     from glm_engine import EngineConfig, LLMEngine
 

@@ -9,7 +9,7 @@ import logging
 import os
 import sys
 
-# The backend folder is not a package on sys.path; make its two packages importable.
+# Where nothing is installed (the NGC image), the two packages beside this file are imported from here.
 sys.path.insert(0, os.path.dirname(os.path.realpath(__file__)))
 
 from triton_glm.common import model_parameters  # noqa: E402

@@ -43,7 +43,7 @@ def paged_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) 
     """q: [tokens, heads, head_dim] -> [tokens, heads, head_dim], causal within each sequence."""
     if meta.decode_only:  # one token per sequence, in order
         if meta.use_decode_kernel:
-            from .triton_attention import paged_decode_attention
+            from .paged_decode_kernel import paged_decode_attention
 
             return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)
         return _decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)

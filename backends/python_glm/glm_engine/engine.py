@@ -10,7 +10,7 @@ from .block_pool import BlockPool
 from .config import EngineConfig, ModelConfig
 from .model_runner import ModelRunner
 from .sampler import sample
-from .scheduler import Scheduler
+from .scheduler import Scheduler, SchedulerOutput
 from .sequence import FinishReason, SamplingParams, Sequence
 
 log = logging.getLogger(__name__)
@@ -114,21 +114,24 @@ class LLMEngine:
 
     # -- the loop -------------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        batch = self.scheduler.schedule()
-        if not batch:
+        step = self.scheduler.schedule()
+        if not step.scheduled:
             return []
         try:
-            logits = self.runner.execute(batch)
+            logits = self.runner.execute(step)
+            tokens, logprobs = sample(logits, step.sampling)
         except Exception as exc:  # a failed step must not leave sequences holding blocks
             log.exception("engine step failed")
-            return [self._fail(item.seq, f"engine step failed: {exc}") for item in batch]
+            return [self._fail(item.seq, f"engine step failed: {exc}") for item in step.scheduled]
+        return self._apply(step, tokens, logprobs)
 
-        sampling = [item.seq for item in batch if item.samples]
-        for item in batch:
-            item.seq.num_computed_tokens += item.num_new_tokens
+    def _apply(self, step: SchedulerOutput, tokens: list[int], logprobs: list[float | None]) -> list[RequestOutput]:
+        """The one place a step's results change the sequences: the computed tokens are in the KV cache (and full
+        blocks in the prefix cache), then each sampling sequence takes its token, which may end it."""
+        for item in step.scheduled:
+            item.seq.num_computed_tokens = item.start + item.num_new_tokens
             self.pool.cache_full_blocks(item.seq)
-        tokens, logprobs = sample(logits, sampling)
-        return [self._append_token(seq, token, logprob) for seq, token, logprob in zip(sampling, tokens, logprobs)]
+        return [self._append_token(seq, token, logprob) for seq, token, logprob in zip(step.sampling, tokens, logprobs)]
 
     def fail_all(self, message: str) -> list[RequestOutput]:
         """End every live request with an error and free its blocks (after an unexpected engine fault)."""

@@ -11,7 +11,7 @@ from .checkpoint import load_state_dict
 from .config import EngineConfig, ModelConfig
 from .cuda_graph import DecodeGraphs, graph_batch_sizes
 from .glm_model import GlmForCausalLM
-from .scheduler import ScheduledSequence
+from .scheduler import SchedulerOutput
 
 log = logging.getLogger(__name__)
 
@@ -71,11 +71,12 @@ class ModelRunner:
         self.num_blocks = config.num_kv_blocks or self._blocks_that_fit(config) - use_graphs
         # [layers, k/v, blocks, block_size, kv_heads, head_dim]. Zeroed: masked slots must never hold NaN.
         # With CUDA graphs, one more block than the pool's: the scratch block that padding rows write to.
-        self.kv_cache = torch.zeros(
+        kv_cache = torch.zeros(
             model_config.num_layers, 2, self.num_blocks + use_graphs, self.block_size,
             model_config.num_kv_heads, model_config.head_dim, dtype=self.dtype, device=self.device,
         )
-        self.kv_caches = [(layer[0], layer[1]) for layer in self.kv_cache]
+        # Each layer's (keys, values): views of the one tensor.
+        self.kv_caches = [(layer[0], layer[1]) for layer in kv_cache]
         self.decode_graphs = None
         if use_graphs:
             self.decode_graphs = DecodeGraphs(
@@ -85,7 +86,7 @@ class ModelRunner:
                 record=self.device.type == "cuda")
         log.info("model on %s (%s), KV cache %d blocks of %d tokens (%.1f MiB), decode attention: %s", self.device,
                  self.dtype, self.num_blocks, self.block_size,
-                 self.kv_cache.numel() * self.kv_cache.element_size() / 2**20,
+                 kv_cache.numel() * kv_cache.element_size() / 2**20,
                  "Triton kernel" if self.use_decode_kernel else "torch")
 
     def bytes_per_block(self) -> int:
@@ -105,12 +106,13 @@ class ModelRunner:
         return num_blocks
 
     @torch.inference_mode()
-    def execute(self, batch: list[ScheduledSequence]) -> torch.Tensor:
+    def execute(self, step: SchedulerOutput) -> torch.Tensor:
         """Run one step. Returns float32 logits [sequences that sample, vocab], in batch order."""
+        batch = step.scheduled
         input_ids, positions, slots, last_token_rows = [], [], [], []
         query_lens, context_lens, tables = [], [], []
         for item in batch:
-            seq, start, count = item.seq, item.seq.num_computed_tokens, item.num_new_tokens
+            seq, start, count = item.seq, item.start, item.num_new_tokens
             input_ids += seq.token_ids[start:start + count]
             for pos in range(start, start + count):
                 positions.append(pos)

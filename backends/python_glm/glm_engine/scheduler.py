@@ -5,6 +5,8 @@ One rule covers prefill, chunked prefill, decode and recompute after preemption:
 scheduled sequence up to `num_tokens - num_computed_tokens` tokens, within a budget of
 `max_num_batched_tokens` per step and `max_num_seqs` running sequences. A sequence whose computed tokens
 reach its length this step gets a new token sampled.
+
+schedule() returns the step as a SchedulerOutput; the engine runs it and then applies its results.
 """
 
 from __future__ import annotations
@@ -16,18 +18,39 @@ from .block_pool import BlockPool
 from .sequence import FinishReason, Sequence, SequenceStatus
 
 
-@dataclass
+@dataclass(frozen=True)
 class ScheduledSequence:
+    """One sequence's share of a step: it computes tokens [start, start + num_new_tokens) of its token_ids.
+    `samples`: the step completes the sequence's known tokens, so its last logits give it a new token."""
+
     seq: Sequence
+    start: int
     num_new_tokens: int
+    samples: bool
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    """What one step runs, in batch order. Fixed when the scheduler returns it: the engine executes it, then
+    applies the results (LLMEngine._apply), and nothing in it changes in between."""
+
+    scheduled: list[ScheduledSequence]
 
     @property
-    def samples(self) -> bool:
-        """Whether this step completes the sequence's known tokens, so its last logits give a new token."""
-        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+    def num_tokens(self) -> int:
+        return sum(item.num_new_tokens for item in self.scheduled)
+
+    @property
+    def sampling(self) -> list[Sequence]:
+        """The sequences that get a token from this step, in batch order (the rows of the step's logits)."""
+        return [item.seq for item in self.scheduled if item.samples]
 
 
 class Scheduler:
+    """Invariants, asserted after every schedule(): a step computes at most max_num_batched_tokens tokens, at
+    least one for every scheduled sequence; at most max_num_seqs sequences run; every scheduled sequence holds
+    the blocks for the tokens it computes."""
+
     def __init__(self, pool: BlockPool, max_num_seqs: int, max_num_batched_tokens: int):
         self.pool = pool
         self.max_num_seqs = max_num_seqs
@@ -48,7 +71,7 @@ class Scheduler:
     def live_sequences(self) -> list[Sequence]:
         return [*self.running, *self.waiting]
 
-    def schedule(self) -> list[ScheduledSequence]:
+    def schedule(self) -> SchedulerOutput:
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledSequence] = []
         preempted = False
@@ -65,8 +88,7 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
-                self.pool.allocate(seq, seq.num_computed_tokens + num_new)
-                scheduled.append(ScheduledSequence(seq, num_new))
+                scheduled.append(self._schedule(seq, num_new))
                 budget -= num_new
                 index += 1
 
@@ -82,12 +104,27 @@ class Scheduler:
             self.prefix_queried_tokens += seq.num_tokens
             self.prefix_hit_tokens += hit
             self.waiting.popleft()
-            self.pool.allocate(seq, seq.num_computed_tokens + num_new)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            scheduled.append(ScheduledSequence(seq, num_new))
+            scheduled.append(self._schedule(seq, num_new))
             budget -= num_new
-        return scheduled
+
+        step = SchedulerOutput(scheduled)
+        self._check(step)
+        return step
+
+    def _schedule(self, seq: Sequence, num_new: int) -> ScheduledSequence:
+        self.pool.allocate(seq, seq.num_computed_tokens + num_new)
+        return ScheduledSequence(seq, seq.num_computed_tokens, num_new,
+                                 samples=seq.num_computed_tokens + num_new == seq.num_tokens)
+
+    def _check(self, step: SchedulerOutput) -> None:
+        assert step.num_tokens <= self.max_num_batched_tokens, (step.num_tokens, self.max_num_batched_tokens)
+        assert len(self.running) <= self.max_num_seqs, (len(self.running), self.max_num_seqs)
+        for item in step.scheduled:
+            assert item.num_new_tokens >= 1, item.seq.request_id
+            assert item.start + item.num_new_tokens <= len(item.seq.block_table) * self.pool.block_size, \
+                item.seq.request_id
 
     def _preempt(self, seq: Sequence) -> None:
         """Drop the sequence's KV cache; it waits at the front and recomputes prompt + output so far."""

@@ -1,0 +1,49 @@
+"""glm_tools/launcher.py: what the tests, benchmarks and serve.sh start the server with."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from glm_tools.launcher import PROCESS_ONLY_ENV, server_env
+
+
+def session_processes(leader: int) -> list[int]:
+    """The server and the Python stub processes it started: every process of the session it leads."""
+    pids = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):  # it ended meanwhile
+            continue
+        if int(fields[3]) == leader:  # the session id, the sixth field of /proc/PID/stat
+            pids.append(int(entry))
+    return pids
+
+
+def environment(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        entries = f.read().decode(errors="replace").split("\0")
+    return dict(entry.split("=", 1) for entry in entries if "=" in entry)
+
+
+def test_settings_of_the_starting_process_are_kept_from_the_server_env(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    env = server_env("/some/checkpoint")
+    assert not set(PROCESS_ONLY_ENV) & set(env)
+    assert env["GLM_MODEL_DIR"] == "/some/checkpoint" and "nvidia_pytriton.libs" in env["LD_LIBRARY_PATH"]
+    assert not set(PROCESS_ONLY_ENV) & set(server_env(None, bundled=False))
+
+
+@pytest.mark.integration
+def test_a_server_started_from_the_tests_runs_no_kernel_in_the_interpreter(triton_server):
+    """The test process runs Triton-language kernels in Triton's interpreter (conftest.py); the server it starts,
+    like the benchmark's (the same launcher), and the glm stub inside it must not."""
+    assert os.environ["TRITON_INTERPRET"] == "1"
+    pids = session_processes(triton_server.process.pid)
+    assert len(pids) >= 2, pids  # the server and at least one Python stub
+    for pid in pids:
+        assert "TRITON_INTERPRET" not in environment(pid), pid
+        assert environment(pid)["GLM_MODEL_DIR"] == os.path.abspath(triton_server.model_dir)
