@@ -7,15 +7,10 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.sequences import sequence
 
 from glm_engine import EngineConfig, FinishReason, LLMEngine, SamplingParams
 from glm_engine.block_pool import BlockPool
-from glm_engine.sequence import Sequence
-
-
-def sequence(request_id="s", tokens=1, token_ids=None):
-    token_ids = token_ids or [5] * tokens
-    return Sequence(request_id, token_ids, len(token_ids), SamplingParams(), frozenset(), seed=0)
 
 
 def test_allocate_grows_block_table_by_whole_blocks():

@@ -57,21 +57,6 @@ def test_undecodable_bytes_are_released_at_the_end(tokenizer):
     assert chunker.flush() == ([lone_lead_byte], REPLACEMENT_CHAR)
 
 
-def test_stop_string_filter_holds_back_what_could_start_one():
-    from glm_engine.tokenizer import StopStringFilter
-
-    stops = StopStringFilter(["END", "。"])
-    assert stops.push([1], "hello E") == ([], None, False)  # "E" may begin "END": the chunk waits
-    assert stops.push([2], "N") == ([], None, False)
-    assert stops.push([3], "Dxx") == ([1], 6, True)  # "hello " of chunk 1's text, then the stop string
-    stops = StopStringFilter(["END"])
-    assert stops.push([1], "abc") == ([1], None, False)
-    assert stops.push([2], "E") == ([], None, False)
-    assert stops.push([3], "x") == ([2, 3], None, False)  # "Ex" cannot begin "END" any more
-    assert stops.push([4], "好。") == ([4], None, False)
-    assert StopStringFilter(["。"]).push([4], "好。") == ([4], 1, True)
-
-
 def test_demo_model_is_deterministic_and_matches_transformers(demo_model_dir, tmp_path):
     from glm_tools.demo_model import build_demo_model
     from transformers import Glm4ForCausalLM

@@ -7,13 +7,13 @@ import itertools
 import logging
 import queue
 import threading
-import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from glm_engine import EngineConfig, EngineThread, FinishReason, LLMEngine, RequestOutput, SamplingParams
-from glm_engine.tokenizer import CompleteTextChunker, GlmTokenizer, StopStringFilter
+from glm_engine import EngineConfig, EngineThread, LLMEngine, RequestOutput, SamplingParams
+from glm_engine.output_processor import OutputProcessor, Response
+from glm_engine.tokenizer import GlmTokenizer
 
 from .common import InputError, error_response, optional_scalar, required_array, resolve_model_dir
 from .metrics import EngineMetrics
@@ -48,8 +48,8 @@ class GlmEngineModel:
                                 flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                     continue
                 prompt, params, stop_strings, streaming, echo_prompt = self._parse(request)
-                stream = ResponseStream(sender, streaming, prompt, echo_prompt, self.tokenizer, stop_strings,
-                                        self.metrics, outputs=set(request.requested_output_names()),
+                processor = OutputProcessor(self.tokenizer, prompt, streaming, echo_prompt, stop_strings)
+                stream = ResponseStream(sender, processor, self.metrics, outputs=set(request.requested_output_names()),
                                         send=self.outbox.send)
                 self._submit(request.request_id(), prompt, params, stream)
             except ValueError as exc:  # InputError, or the engine's own checks
@@ -126,10 +126,8 @@ class ResponseOutbox:
     """Sends responses on a thread of its own, in the order they were queued.
 
     A response sender's send() is a round trip to the server process, most of it spent waiting for the server's
-    side. Made on the engine thread, that wait came once per token and held up the next step: with the demo model
-    at 32 streams, py-spy found the engine thread in send() a third of the time. Moved here, the waits overlap
-    the steps: 10% and 12% more output tokens/s in the 32-user load test, and 1%, 17% and 24% in the benchmark
-    through Triton (runs alternating with and without it)."""
+    side. Made on the engine thread, that wait came once per token and held up the next step; from here, the waits
+    overlap the steps (docs/performance.md has the measurements)."""
 
     def __init__(self):
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -153,124 +151,45 @@ class ResponseOutbox:
 
 
 class ResponseStream:
-    """One request's responses. Streaming: a response whenever new tokens complete some text; otherwise one
-    response with everything at the end. The last response carries the final flag. Every response has every
-    output the client asked for: finish_reason is empty until the last one; counts and log-probs cover the tokens
-    sent so far.
+    """One request's responses, on Triton: the engine's outputs go through the request's OutputProcessor, and what
+    it says to send is turned into tensors and sent (through a ResponseOutbox); latencies go to the metrics."""
 
-    Generated tokens pass through two gates before they are sent: whole characters only (CompleteTextChunker),
-    then nothing that could be the start of a stop string (StopStringFilter). A stop string ends the request
-    (finish_reason "stop"); its text and what follows are cut off by `text_length`."""
-
-    def __init__(self, sender, streaming: bool, prompt: list[int], echo_prompt: bool, tokenizer: GlmTokenizer,
-                 stop_strings: list[str] = (), metrics: EngineMetrics | None = None, outputs: set[str] | None = None,
-                 send=send_now):
+    def __init__(self, sender, processor: OutputProcessor, metrics: EngineMetrics | None = None,
+                 outputs: set[str] | None = None, send=send_now):
         """`outputs`: the output names the client asked for (Triton asks for all when the client names none); only
         those are sent. Each tensor costs a copy through shared memory and gRPC or JSON encoding, every token."""
         self.sender = sender
-        self.send = send  # send(sender, response or None, flags): at once, or through a ResponseOutbox
-        self.outputs = outputs
-        self.streaming = streaming
-        self.num_input_tokens = len(prompt)
-        self.echo = list(prompt) if echo_prompt else []
-        self.tokenizer = tokenizer
-        self.chunker = CompleteTextChunker(tokenizer)
-        self.stop_filter = StopStringFilter(list(stop_strings)) if stop_strings else None
+        self.processor = processor
         self.metrics = metrics
-        self.unsent_ids: list[int] = []  # streaming off: the whole answer, sent at the end
-        self.unsent_logprobs: list[float] = []  # log-probs of generated tokens not sent yet (with return_log_probs)
-        self.num_sent = 0
-        self.cum_logprob = 0.0
-        self.closed = False  # the final response is out
-        self.arrival = self.last_token_time = time.monotonic()
-        self.num_tokens = 0
+        self.outputs = outputs
+        self.send = send  # send(sender, response or None, flags): at once, or through a ResponseOutbox
 
     def on_output(self, output: RequestOutput) -> bool:
         """Called on the engine thread; returning False asks the engine to abort the request."""
-        if self.closed:  # a stop string ended it: what the engine still reports (the abort) is not news
-            return False
+        update = self.processor.process(output, client_gone=self.sender.is_cancelled)
+        if self.metrics is not None:
+            self.metrics.record(update.latencies, update.finish_reason)
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-        if output.error:
-            self._observe(output.new_token_ids, "error")
-            self.send(self.sender, error_response(output.error, internal=True), final)
-            return False
-        if output.finish_reason is FinishReason.CANCELLED or self.sender.is_cancelled():
-            # Close the stream now if this was its last output; otherwise the abort brings a CANCELLED one.
-            if output.finished:
-                self._observe(output.new_token_ids, "cancelled")
-                if self.sender.is_cancelled():  # nobody listens any more
-                    self.send(self.sender, None, final)
-                else:  # stopped by a `stop` request: the client still gets what was generated, and why it ended
-                    self._finish_cancelled()
-            return False
+        if update.error is not None:
+            self.send(self.sender, error_response(update.error, internal=True), final)
+        elif update.close:
+            self.send(self.sender, None, final)
+        elif update.response is not None:
+            self.send(self.sender, self._triton_response(update.response), final if update.response.final else 0)
+        return not update.abort
 
-        self.unsent_logprobs += output.new_logprobs or []
-        ready, text = self.chunker.push(output.new_token_ids)
-        if output.finished:
-            rest, rest_text = self.chunker.flush()
-            ready, text = ready + rest, text + rest_text
-        keep_chars, stopped = None, False
-        if self.stop_filter is not None:
-            ready, keep_chars, stopped = self.stop_filter.push(ready, text)
-            if output.finished and not stopped:
-                ready += self.stop_filter.flush()
-        finished = output.finished or stopped
-        reason = "stop" if stopped else (output.finish_reason.value if output.finished else "")
-        self._observe(output.new_token_ids, reason if finished else None)
-
-        if self.streaming:
-            if ready or finished:
-                self._send(ready, len(ready), keep_chars, reason, finished)
-        else:
-            previous = self.unsent_ids
-            self.unsent_ids = previous + ready
-            if finished:
-                if keep_chars is not None:  # count from the start of the whole text, prompt echo included
-                    keep_chars += len(self.tokenizer.decode(self.echo + previous))
-                self._send(self.echo + self.unsent_ids, len(self.unsent_ids), keep_chars, reason, True)
-        self.closed = finished
-        return not stopped
-
-    def _finish_cancelled(self) -> None:
-        held = self.chunker.flush()[0]
-        if self.stop_filter is not None:  # what it holds back is no stop string, or the request would have ended
-            held = self.stop_filter.flush() + held
-        if self.streaming:
-            self._send(held, len(held), None, "cancelled", True)
-        else:
-            self._send(self.echo + self.unsent_ids + held, len(self.unsent_ids) + len(held), None, "cancelled", True)
-        self.closed = True
-
-    def _observe(self, new_token_ids: list[int], finish_reason: str | None) -> None:
-        if self.metrics is None:
-            return
-        now = time.monotonic()
-        if new_token_ids:
-            self.metrics.observe("itl" if self.num_tokens else "ttft", now - self.last_token_time)
-            self.num_tokens += len(new_token_ids)
-            self.last_token_time = now
-        if finish_reason is not None:
-            self.metrics.observe("latency", now - self.arrival)
-            self.metrics.finish(finish_reason)
-
-    def _send(self, token_ids: list[int], num_generated: int, keep_chars: int | None, reason: str,
-              final: bool) -> None:
-        """Send token_ids, whose last num_generated are generated tokens not sent before; keep_chars of their text."""
-        logprobs = self.unsent_logprobs[:num_generated]
-        del self.unsent_logprobs[:num_generated]
-        self.num_sent += num_generated
-        self.cum_logprob += sum(logprobs)
+    def _triton_response(self, response: Response):
+        token_ids = response.token_ids
         values = {
             "output_ids": np.array(token_ids, dtype=np.int32).reshape(1, 1, -1),
             "sequence_length": np.array([[len(token_ids)]], dtype=np.int32),
-            "text_length": np.array([[-1 if keep_chars is None else keep_chars]], dtype=np.int32),
-            "finish_reason": np.array([[reason.encode()]], dtype=np.object_),
-            "num_input_tokens": np.array([[self.num_input_tokens]], dtype=np.int32),
-            "num_output_tokens": np.array([[self.num_sent]], dtype=np.int32),
-            "output_log_probs": np.array(logprobs, dtype=np.float32).reshape(1, 1, -1),
-            "cum_log_probs": np.array([[self.cum_logprob]], dtype=np.float32),
+            "text_length": np.array([[-1 if response.text_length is None else response.text_length]], dtype=np.int32),
+            "finish_reason": np.array([[response.finish_reason.encode()]], dtype=np.object_),
+            "num_input_tokens": np.array([[response.num_input_tokens]], dtype=np.int32),
+            "num_output_tokens": np.array([[response.num_output_tokens]], dtype=np.int32),
+            "output_log_probs": np.array(response.logprobs, dtype=np.float32).reshape(1, 1, -1),
+            "cum_log_probs": np.array([[response.cum_logprob]], dtype=np.float32),
         }
-        response = pb_utils.InferenceResponse(output_tensors=[
+        return pb_utils.InferenceResponse(output_tensors=[
             pb_utils.Tensor(name, value) for name, value in values.items()
             if self.outputs is None or name in self.outputs])
-        self.send(self.sender, response, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)

@@ -1,7 +1,7 @@
 """The engine's Prometheus metrics, published on Triton's metrics port through the Python backend's metrics API.
 
-Gauges and counters follow the engine's own numbers (EngineStats) after every step; latency histograms are
-observed per request by the glm adapter's response streams. All of it happens on the engine thread.
+Gauges and counters follow the engine's own numbers (EngineStats) after every step; latency histograms and finish
+reasons are recorded per request from what its OutputProcessor reports. All of it happens on the engine thread.
 """
 
 from __future__ import annotations
@@ -65,8 +65,9 @@ class EngineMetrics:
         if stats.prefix_queried_tokens:
             self.hit_rate.set(stats.prefix_hit_tokens / stats.prefix_queried_tokens)
 
-    def observe(self, histogram: str, seconds: float) -> None:
-        self.histograms[histogram].observe(seconds)
-
-    def finish(self, reason: str) -> None:
-        self.finished[reason].increment(1)
+    def record(self, latencies: list[tuple[str, float]], finish_reason: str | None) -> None:
+        """A request's latencies observed now ("ttft", "itl", "latency"), and its finish reason if it just ended."""
+        for histogram, seconds in latencies:
+            self.histograms[histogram].observe(seconds)
+        if finish_reason is not None:
+            self.finished[finish_reason].increment(1)
