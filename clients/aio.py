@@ -38,7 +38,16 @@ class AsyncClientBase(ClientSettings):
 
     def _open(self, prompt: str, stream: bool, sampling: dict) -> AsyncTextStream:
         values, request_id = self._request(prompt, sampling)
-        return AsyncTextStream(self._pieces(prompt, stream, values, request_id), bool(values.get("return_log_probs")))
+        return AsyncTextStream(self._pieces(prompt, stream, values, request_id), bool(values.get("return_log_probs")),
+                               request_id)
+
+    async def health(self) -> dict[str, bool]:
+        """{"live", "ready", "model_ready"}; all False when no server answers."""
+        try:
+            return {"live": await self.is_server_live(), "ready": await self.is_server_ready(),
+                    "model_ready": await self.is_model_ready()}
+        except ServerUnavailableError:
+            return {"live": False, "ready": False, "model_ready": False}
 
     async def _with_deadline(self, deadline: Deadline, awaitable):
         try:
@@ -58,6 +67,9 @@ class AsyncGrpcClient(AsyncClientBase):
     def __init__(self, url: str = "localhost:8001", **options):
         super().__init__(url, **options)
         self._client = aiogrpc.InferenceServerClient(self.url)
+
+    async def is_server_live(self) -> bool:
+        return await self._call(self._client.is_server_live())
 
     async def is_server_ready(self) -> bool:
         return await self._call(self._client.is_server_ready())
@@ -131,6 +143,9 @@ class AsyncHttpClient(AsyncClientBase):
         if self._session is None:  # created inside the running loop, as aiohttp wants
             self._session = aiohttp.ClientSession()
         return self._session
+
+    async def is_server_live(self) -> bool:
+        return await self._get_ok(f"http://{self.url}/v2/health/live")
 
     async def is_server_ready(self) -> bool:
         return await self._get_ok(f"http://{self.url}/v2/health/ready")

@@ -90,7 +90,8 @@ class ClientBase(ClientSettings):
 
     def _open(self, prompt: str, stream: bool, sampling: dict) -> TextStream:
         values, request_id = self._request(prompt, sampling)
-        return TextStream(self._pieces(prompt, stream, values, request_id), bool(values.get("return_log_probs")))
+        return TextStream(self._pieces(prompt, stream, values, request_id), bool(values.get("return_log_probs")),
+                          request_id)
 
     def is_server_live(self) -> bool:
         return self._call(self._client.is_server_live)

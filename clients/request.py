@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# keyword -> (Triton datatype, numpy dtype). The ensemble's inputs; README.md lists their defaults.
+# keyword -> (Triton datatype, numpy dtype): inputs of the ensemble (triton_glm/request_schema.py defines them,
+# and a test holds this table against it; docs/requests.md lists their defaults and rules).
 SAMPLING_INPUTS = {
     "max_tokens": ("INT32", np.int32), "temperature": ("FP32", np.float32), "top_k": ("INT32", np.int32),
     "top_p": ("FP32", np.float32), "min_p": ("FP32", np.float32), "seed": ("UINT64", np.uint64),

@@ -34,11 +34,13 @@ class TextStream:
         print(stream.generation.finish_reason)
 
     Leaving early (break and close(), the end of the with block, an exception, Ctrl-C) cancels the request on
-    the server, which frees its KV blocks.
+    the server, which frees its KV blocks. `request_id` names the request on the server: another thread can stop
+    it with the client's cancel(stream.request_id), and the stream then ends with finish_reason "cancelled".
     """
 
-    def __init__(self, pieces: Iterator[Piece], wants_log_prob: bool = False):
+    def __init__(self, pieces: Iterator[Piece], wants_log_prob: bool = False, request_id: str = ""):
         self._pieces = pieces
+        self.request_id = request_id
         self._collector = _Collector(wants_log_prob)
         self.generation: Generation | None = None
 
@@ -74,10 +76,12 @@ class TextStream:
 
 class AsyncTextStream:
     """TextStream for asyncio: `async for text in stream`, `async with`, `await stream.until_done()`;
-    aclose() or cancelling the task cancels the request on the server."""
+    aclose() or cancelling the task cancels the request on the server; another task can stop it with the
+    client's cancel(stream.request_id)."""
 
-    def __init__(self, pieces: AsyncIterator[Piece], wants_log_prob: bool = False):
+    def __init__(self, pieces: AsyncIterator[Piece], wants_log_prob: bool = False, request_id: str = ""):
         self._pieces = pieces
+        self.request_id = request_id
         self._collector = _Collector(wants_log_prob)
         self.generation: Generation | None = None
 

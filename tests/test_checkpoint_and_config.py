@@ -97,20 +97,20 @@ def test_rotary_settings_at_the_top_level_are_read():
     assert (config.rope_theta, config.rotary_dim, config.eos_token_ids) == (500.0, 2, (1, 2))
 
 
-def test_every_engine_parameter_is_in_config_pbtxt_with_its_default_and_in_the_readme():
+def test_every_engine_parameter_is_in_config_pbtxt_with_its_default_and_in_the_docs():
     import dataclasses
     import re
 
     root = os.path.join(os.path.dirname(__file__), "..")
     with open(os.path.join(root, "model_repository", "glm", "config.pbtxt")) as f:
         pbtxt = dict(re.findall(r'key: "(\w+)", value: \{ string_value: "([^"]*)" \}', f.read()))
-    with open(os.path.join(root, "README.md")) as f:
-        configuration = f.read().split("\n## Configuration\n")[1].split("\n## ")[0]
-    readme_rows = set(re.findall(r"^\| `(\w+)` \|", configuration, re.M))
+    with open(os.path.join(root, "docs", "configuration.md")) as f:
+        configuration = f.read().split("\n## Engine parameters\n")[1].split("\n## ")[0]
+    documented = set(re.findall(r"^\| `(\w+)` \|", configuration, re.M))
     defaults = EngineConfig()
     for field in dataclasses.fields(EngineConfig):
         assert field.name in pbtxt, f"{field.name} is missing from glm's config.pbtxt"
-        assert field.name in readme_rows, f"{field.name} is missing from README's parameter table"
+        assert field.name in documented, f"{field.name} is missing from docs/configuration.md's parameter table"
         if field.name != "model_dir":  # the only one the repository sets: the demo checkpoint
             parsed = EngineConfig.from_parameters({field.name: pbtxt[field.name]})
             assert getattr(parsed, field.name) == getattr(defaults, field.name), field.name

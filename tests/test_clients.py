@@ -7,6 +7,7 @@ import json
 import signal
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 from tritonclient.utils import InferenceServerException
@@ -65,7 +66,7 @@ def test_async_clients_match_the_sync_ones(triton_server, protocol):
 
     async def run():
         async with async_client_for(triton_server, protocol) as client:
-            assert await client.is_server_ready() and await client.is_model_ready()
+            assert await client.health() == {"live": True, "ready": True, "model_ready": True}
             whole = await client.generate("大家好", max_tokens=16, return_log_probs=True)
             async with client.stream("大家好", max_tokens=16) as stream:
                 pieces = [piece async for piece in stream]
@@ -87,6 +88,18 @@ def test_leaving_a_stream_early_frees_its_blocks(triton_server, protocol):
     assert wait_for(lambda: blocks_used(triton_server) == 0, timeout=5)
     assert metric(metrics(triton_server), "glm_requests_finished_total", finish_reason="cancelled") == cancelled + 1
     assert client.generate("still serving?", max_tokens=4).num_output_tokens == 4
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_cancel_by_the_streams_request_id_ends_it_with_what_was_generated(triton_server, protocol):
+    client = client_for(triton_server, protocol)
+    with client.stream("a very long story", max_tokens=2000, ignore_eos=True) as stream:
+        first = next(stream)
+        assert client.cancel(stream.request_id)
+        rest = list(stream)  # the stream ends by itself, with the text generated until the stop
+    assert stream.generation.finish_reason == "cancelled" and stream.generation.text == first + "".join(rest)
+    assert stream.generation.num_output_tokens < 2000
+    assert wait_for(lambda: blocks_used(triton_server) == 0, timeout=5)
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -120,10 +133,17 @@ def test_server_errors_are_typed_and_carry_the_servers_message(triton_server, pr
         client_for(triton_server, protocol, model="no_such_model").generate("hi")
     with pytest.raises(TypeError, match="unknown sampling option"):  # refused before anything is sent
         client.generate("hi", temprature=0.5)
-    nobody = GrpcClient(f"localhost:{free_port()}") if protocol == "grpc" else HttpClient(f"localhost:{free_port()}")
+    no_server = SimpleNamespace(grpc_url=f"localhost:{free_port()}", http_url=f"localhost:{free_port()}")
+    nobody = client_for(no_server, protocol)
     with pytest.raises(ServerUnavailableError):
         nobody.generate("hi")
     assert nobody.health() == {"live": False, "ready": False, "model_ready": False}
+
+    async def nobody_async():
+        async with async_client_for(no_server, protocol) as client:
+            return await client.health()
+
+    assert asyncio.run(nobody_async()) == {"live": False, "ready": False, "model_ready": False}
 
 
 def test_chat_uses_the_checkpoints_template_with_one_glm_prefix(triton_server, demo_model_dir):

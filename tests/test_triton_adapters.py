@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-import fake_pb_utils
+from support import fake_pb_utils
 
 fake_pb_utils.install(sys.modules)
 
@@ -102,22 +102,22 @@ def request(sampling_parameters=None, **tensors):
 
 
 def test_vllm_style_sampling_parameters_with_string_values():
-    params, stops = sampling_params(request({"temperature": "0.5", "max_tokens": "7", "top_k": "-1", "top_p": 0.9,
-                                             "seed": "3", "ignore_eos": "true", "min_tokens": "2", "logprobs": 1,
-                                             "stop": "END"}), 64)
-    assert stops == ["END"]
+    params = sampling_params(request({"temperature": "0.5", "max_tokens": "7", "top_k": "-1", "top_p": 0.9,
+                                      "seed": "3", "ignore_eos": "true", "min_tokens": "2", "logprobs": 1,
+                                      "stop": "END"}), 64)
+    assert params.stop == ("END",)
     assert (params.temperature, params.max_tokens, params.top_k, params.top_p, params.seed) == (0.5, 7, 0, 0.9, 3)
     assert params.stop_token_ids == () and params.min_tokens == 2 and params.logprobs
 
 
 def test_tensors_win_over_the_json_and_defaults_fill_the_rest():
-    params, _ = sampling_params(request({"temperature": "0.5", "max_tokens": "7"}, temperature=np.float32(0.0)), 64)
+    params = sampling_params(request({"temperature": "0.5", "max_tokens": "7"}, temperature=np.float32(0.0)), 64)
     assert (params.temperature, params.max_tokens) == (0.0, 7)
-    defaults, stops = sampling_params(request(), 64)
-    assert stops == [] and defaults.bad_words_ids == ()
+    defaults = sampling_params(request(), 64)
+    assert defaults.stop == () and defaults.bad_words_ids == ()
     assert (defaults.max_tokens, defaults.temperature, defaults.stop_token_ids, defaults.logprobs) == (64, 0.0, None, False)
-    assert sampling_params(request(return_cumulative_logprob=True), 64)[0].logprobs
-    assert sampling_params(request({"stop_token_ids": [5, "6"]}), 64)[0].stop_token_ids == (5, 6)
+    assert sampling_params(request(return_cumulative_logprob=True), 64).logprobs
+    assert sampling_params(request({"stop_token_ids": [5, "6"]}), 64).stop_token_ids == (5, 6)
 
 
 @pytest.mark.parametrize("sampling_parameters, message", [
@@ -126,6 +126,9 @@ def test_tensors_win_over_the_json_and_defaults_fill_the_rest():
     ({"n": 2}, "only n = 1"),
     ({"ignore_eos": "perhaps"}, "'ignore_eos' has an unusable value"),
     ({"stop": ["ok", 3]}, "'stop' must be a string or a list of strings"),
+    ({"stop": ["x"] * 65}, "stop_words must hold at most 64 strings of at most 128 characters, got 65"),
+    ({"bad_words": "y" * 129}, r"bad_words must hold at most 64 strings of at most 128 characters, got 1 \(the "
+                               r"longest of 129 characters\)"),
 ])
 def test_bad_sampling_parameters_are_named(sampling_parameters, message):
     with pytest.raises(InputError, match=message):
@@ -139,7 +142,7 @@ def test_sampling_parameters_must_be_a_json_object():
 
 
 def test_bad_words_are_tokenized_with_and_without_a_leading_space(tokenizer):
-    params, _ = sampling_params(request(bad_words=np.array([b"hello"], dtype=np.object_)), 64, tokenizer)
+    params = sampling_params(request(bad_words=np.array([b"hello"], dtype=np.object_)), 64, tokenizer)
     assert params.bad_words_ids == (tuple(tokenizer.encode("hello", add_special_tokens=False)),
                                     tuple(tokenizer.encode(" hello", add_special_tokens=False)))
 

@@ -3,7 +3,8 @@
 from .config import CheckpointError, EngineConfig, ModelConfig
 from .engine import LLMEngine, RequestOutput
 from .engine_thread import EngineThread
-from .sequence import FinishReason, SamplingParams
+from .sampling_params import SamplingParams
+from .sequence import FinishReason
 
 __all__ = [
     "CheckpointError", "EngineConfig", "ModelConfig", "LLMEngine", "RequestOutput", "EngineThread",

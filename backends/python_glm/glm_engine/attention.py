@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 # Decode-only steps attend in groups of this many sequences of similar context length, so that each group's keys
-# are padded only to its own longest context (16% faster on the benchmark mix than padding the whole batch).
+# are padded only to its own longest context, not to the batch's longest.
 DECODE_GROUP = 8
 
 
@@ -49,7 +49,7 @@ def paged_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) 
         return _decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)
 
     # A mixed step: the decoding sequences attend together and each prefilling one on its own, so that no sequence
-    # is padded to another's length (padding all to the longest made the benchmark's mixed steps 1.7x slower).
+    # is padded to another's length.
     out = torch.empty_like(q)
     starts = [0]
     for n in meta.query_lens:
@@ -77,7 +77,7 @@ def _prefill_attention(q, k_cache, v_cache, block_table, context_len: int, scale
     else:  # a chunk, or the rest of a prompt after a cached prefix: query i sits at context_len - n + i
         positions = torch.arange(context_len, device=q.device)
         mask, causal = positions[None, :] <= positions[context_len - n:, None], False
-    # A batch of one, not 3-D tensors: with enable_gqa, 3-D inputs fall back to the math path, 3x slower on the CPU.
+    # A batch of one, not 3-D tensors: with enable_gqa, 3-D inputs fall back to the slower math path on the CPU.
     out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys[None], values[None], attn_mask=mask,
                                          is_causal=causal, scale=scale, enable_gqa=True)
     return out[0].transpose(0, 1)
@@ -85,7 +85,7 @@ def _prefill_attention(q, k_cache, v_cache, block_table, context_len: int, scale
 
 def _gather(k_cache, v_cache, block_tables, max_context_len: int):
     """Each sequence's keys and values in order: [seqs, blocks * block_size, kv_heads, head_dim], padded.
-    index_select copies whole blocks; advanced indexing (k_cache[tables]) was 4x slower on the CPU."""
+    index_select copies whole blocks, much faster on the CPU than advanced indexing (k_cache[tables])."""
     block_size = k_cache.shape[1]
     num_blocks = -(-max_context_len // block_size)
     tables = block_tables[:, :num_blocks].reshape(-1)
@@ -96,7 +96,7 @@ def _gather(k_cache, v_cache, block_tables, max_context_len: int):
 def _decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale: float) -> torch.Tensor:
     """One query per sequence; groups of sequences sorted by context length, each padded to its own longest.
     The query heads that share a KV head attend as rows of one product ([kv_heads, group, head_dim] against that
-    head's keys) rather than one vector product each: half the time of enable_gqa here."""
+    head's keys) rather than one vector product each, which enable_gqa does."""
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[2]
     grouped_q = q.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)

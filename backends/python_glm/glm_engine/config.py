@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
+import typing
 from dataclasses import dataclass
 
 SUPPORTED_MODEL_TYPES = ("glm", "glm4")
@@ -33,7 +33,6 @@ class ModelConfig:
     attention_bias: bool
     tie_word_embeddings: bool
     eos_token_ids: tuple[int, ...]
-    pad_token_id: int | None
 
     @property
     def has_sandwich_norms(self) -> bool:
@@ -79,7 +78,6 @@ class ModelConfig:
             attention_bias=raw.get("attention_bias", True),
             tie_word_embeddings=raw.get("tie_word_embeddings", False),
             eos_token_ids=eos_ids,
-            pad_token_id=raw.get("pad_token_id"),
         )
 
     @classmethod
@@ -137,16 +135,16 @@ class EngineConfig:
     @classmethod
     def from_parameters(cls, parameters: dict[str, str]) -> "EngineConfig":
         """Build from string key/values (config.pbtxt parameters); unknown keys are an error, not ignored."""
-        known = {f.name: f for f in dataclasses.fields(cls)}
+        types = typing.get_type_hints(cls)
         values = {}
         for key, text in parameters.items():
-            if key not in known:
-                raise ValueError(f"unknown engine parameter {key!r}; known: {', '.join(sorted(known))}")
-            kind = {"int": int, "float": float, "str": str, "bool": parse_bool}[known[key].type]
+            if key not in types:
+                raise ValueError(f"unknown engine parameter {key!r}; known: {', '.join(sorted(types))}")
+            kind = types[key]
             try:
-                values[key] = kind(text)
+                values[key] = parse_bool(text) if kind is bool else kind(text)
             except ValueError:
-                raise ValueError(f"engine parameter {key!r} must be {known[key].type}, got {text!r}") from None
+                raise ValueError(f"engine parameter {key!r} must be {kind.__name__}, got {text!r}") from None
         config = cls(**values)
         config.validate()
         return config

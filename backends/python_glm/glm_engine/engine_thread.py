@@ -5,8 +5,8 @@ thread. A callback that returns False (its client went away) has its request abo
 
 The engine is also built on that thread, so that only one thread ever runs torch's parallel CPU kernels: each
 thread that does gets its own OpenMP worker pool, and once a process has more OpenMP threads than cores, libgomp
-stops spin-waiting and puts workers to sleep at every barrier. Loading on Triton's thread and stepping on this
-one made a decode step on the CPU 1.4x slower (72 against 50 ms at batch 32, through Triton).
+stops spin-waiting and puts workers to sleep at every barrier: loading on Triton's thread and stepping on this one
+made every CPU step slower (docs/performance.md).
 """
 
 from __future__ import annotations

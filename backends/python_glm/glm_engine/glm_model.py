@@ -31,8 +31,8 @@ class Linear(nn.Linear):
     """nn.Linear, with its parameter names (so checkpoints load), whose weight may be handed to oneDNN on the CPU.
 
     pack_for_cpu() reorders the weight once into oneDNN's blocked layout (the prepacking that torch.compile's CPU
-    backend does); products then run through oneDNN instead of MKL's sgemm. Side by side on the benchmark model
-    (float32 both ways): decode steps 1.46x faster, prompt steps 1.25x. cuBLAS needs no such help."""
+    backend does); products then run through oneDNN instead of MKL's sgemm, which is faster at every row count
+    (docs/performance.md). cuBLAS needs no such help."""
 
     packed_weight: torch.Tensor | None = None
 
@@ -98,8 +98,8 @@ class Attention(nn.Module):
         self.scale = self.head_dim ** -0.5
 
     def fuse_qkv(self) -> None:
-        """Stack the q, k and v projections: one matmul a layer instead of three. With queries and keys rotated
-        together, this took 2.5% off a CPU decode step at batch 32 and 4.5% at batch 4 (side by side)."""
+        """Stack the q, k and v projections: one matmul a layer instead of three, and queries and keys rotated
+        together."""
         projections = (self.q_proj, self.k_proj, self.v_proj)
         with torch.device("meta"):  # no memory for initial weights: they are replaced at once
             self.qkv_proj = Linear(self.q_proj.in_features, sum(p.out_features for p in projections),

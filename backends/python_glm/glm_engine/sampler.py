@@ -2,10 +2,9 @@
 
 Order: penalties (repetition, presence, frequency), bad words and the min_tokens ban on end-of-sequence tokens
 adjust the logits; then greedy rows take the best token, and sampled rows divide by their temperature, are
-filtered by top-k, top-p and min-p, and draw. Each of these is one tensor operation over all the rows that use it:
-the loop over rows that it replaces cost 0.2 to 0.8 ms per sampled row on the CPU with 8,192 tokens, and a dozen
-kernel launches per row on CUDA (scripts/bench_sampler.py times both). Rows with a top-k of at most 256 do all of
-it on their top-k candidates alone.
+filtered by top-k, top-p and min-p, and draw. Each of these is one tensor operation over all the rows that use it,
+rather than a dozen per row (scripts/bench_sampler.py times both; docs/performance.md has the figures). Rows with
+a top-k of at most 256 do all of it on their top-k candidates alone.
 
 The draw inverts each row's cumulative distribution at a number from the sequence's own random stream (Python's
 `random`, seeded once per request). So a seed gives the same tokens whatever else is in the batch, and the draws
@@ -175,13 +174,13 @@ def _top_p_filter(probs: torch.Tensor, top_p: torch.Tensor, already_sorted: bool
 
     Rows `already_sorted` (top-k candidates, most likely first) are read as they are. Otherwise the set is looked
     for among each row's 256 most likely tokens first, and only if some row's set is longer in the whole sorted
-    vocabulary: a full sort took most of the sampling time (8 of 10 ms for 32 rows of 8,192)."""
+    vocabulary: a full sort is most of the sampling time when it runs."""
     vocab = probs.shape[1]
     best = probs if already_sorted else torch.topk(probs, min(256, vocab), dim=-1).values
     cutoff = _top_p_cutoff(best, top_p)
     # A set whose least likely member is the last candidate may go on past the candidates.
     if best.shape[1] < vocab and bool(((cutoff == best[:, -1:]) & (top_p < 1.0)).any()):
-        # Non-negative float32 values sort as their bits do as int32, which torch sorts 1.4-1.6x faster on the CPU.
+        # Non-negative float32 values sort as their bits do as int32, which torch sorts faster on the CPU.
         best = torch.sort(probs.view(torch.int32), dim=-1, descending=True).values.view(probs.dtype)
         cutoff = _top_p_cutoff(best, top_p)
     return probs.masked_fill((probs < cutoff) & (top_p < 1.0), 0.0)

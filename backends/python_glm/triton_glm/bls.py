@@ -14,10 +14,10 @@ from glm_engine.tokenizer import GlmTokenizer
 
 from .common import InputError, as_text, check_prompt, cut_to_text_length, error_response, optional_scalar, \
     required_array, resolve_model_dir
+from .request_schema import INPUTS_BY_NAME
 
-# bls inputs that glm knows by another name (the ensemble's mapping). Every other input but text_input and stream
-# goes to glm as it is, so what bls accepts is what its config.pbtxt declares.
-RENAMED_FOR_GLM = {"max_tokens": "request_output_len", "top_k": "runtime_top_k", "top_p": "runtime_top_p"}
+# Every input but text_input and stream goes to glm, under its glm name (the ensemble's mapping), so what bls
+# accepts is what its config.pbtxt declares.
 NOT_FOR_GLM = ("text_input", "stream")
 # The glm outputs that bls returns as they are (from the last response) or joined (log-probs).
 PASSED_THROUGH = ("finish_reason", "num_input_tokens", "num_output_tokens", "cum_log_probs")
@@ -49,7 +49,7 @@ class Bls:
                   pb_utils.Tensor("input_lengths", np.array([[prompt.shape[1]]], dtype=np.int32))]
         for tensor in request.inputs():
             if tensor.name() not in NOT_FOR_GLM:
-                inputs.append(pb_utils.Tensor(RENAMED_FOR_GLM.get(tensor.name(), tensor.name()), tensor.as_numpy()))
+                inputs.append(pb_utils.Tensor(INPUTS_BY_NAME[tensor.name()].glm_input, tensor.as_numpy()))
         # The same request id, so that a `stop` request naming it reaches the engine's request.
         engine_request = pb_utils.InferenceRequest(
             model_name=self.engine_model, inputs=inputs, request_id=request.request_id(),

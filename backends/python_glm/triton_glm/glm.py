@@ -47,8 +47,8 @@ class GlmEngineModel:
                     sender.send(pb_utils.InferenceResponse(output_tensors=[]),
                                 flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                     continue
-                prompt, params, stop_strings, streaming, echo_prompt = self._parse(request)
-                processor = OutputProcessor(self.tokenizer, prompt, streaming, echo_prompt, stop_strings)
+                prompt, params, streaming, echo_prompt = self._parse(request)
+                processor = OutputProcessor(self.tokenizer, prompt, streaming, echo_prompt, params.stop)
                 stream = ResponseStream(sender, processor, self.metrics, outputs=set(request.requested_output_names()),
                                         send=self.outbox.send)
                 self._submit(request.request_id(), prompt, params, stream)
@@ -93,7 +93,7 @@ class GlmEngineModel:
         for engine_id in engine_ids:  # none: it has finished already, which is not an error
             self.engine_thread.abort(engine_id)
 
-    def _parse(self, request) -> tuple[list[int], SamplingParams, list[str], bool, bool]:
+    def _parse(self, request) -> tuple[list[int], SamplingParams, bool, bool]:
         ids = required_array(request, "input_ids")
         lengths = required_array(request, "input_lengths")
         if ids.ndim != 2 or ids.shape[0] != 1 or lengths.size != 1:
@@ -102,13 +102,13 @@ class GlmEngineModel:
         if not 0 < length <= ids.shape[1]:
             raise InputError(f"input_lengths must lie in [1, {ids.shape[1]}], got {length}: the prompt is empty "
                              "or shorter than stated")
-        params, stop_strings = sampling_params(request, self.config.default_max_tokens, self.tokenizer)
+        params = sampling_params(request, self.config.default_max_tokens, self.tokenizer)
         # pad_id is accepted for TensorRT-LLM clients; outputs are never padded, so it changes nothing.
         optional_scalar(request, "pad_id", None, int)
         streaming = optional_scalar(request, "streaming", False, bool)
         exclude_input = optional_scalar(request, "exclude_input_in_output", False, bool)
         # As in TensorRT-LLM, a stream carries only new tokens; a single response echoes the prompt unless excluded.
-        return ids[0, :length].tolist(), params, stop_strings, streaming, not (exclude_input or streaming)
+        return ids[0, :length].tolist(), params, streaming, not (exclude_input or streaming)
 
     def finalize(self):
         self.engine_thread.shutdown()

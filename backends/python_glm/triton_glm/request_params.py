@@ -1,6 +1,7 @@
-"""A glm request's sampling settings, from either request style clients already use:
+"""A glm request's SamplingParams, read through the request schema from either request style clients already use:
 TensorRT-LLM's (one tensor per setting) or vllm_backend's (a `sampling_parameters` JSON string whose values may be
-strings, e.g. {"temperature": "0.1", "max_tokens": "100"}). A tensor wins over the same setting in the JSON."""
+strings, e.g. {"temperature": "0.1", "max_tokens": "100"}). A tensor wins over the same setting in the JSON. Values
+are read here; their rules are checked by SamplingParams.validate, and those of stop and bad words here."""
 
 from __future__ import annotations
 
@@ -10,8 +11,17 @@ import triton_python_backend_utils as pb_utils
 
 from glm_engine import SamplingParams
 from glm_engine.config import parse_bool
+from glm_engine.sampling_params import RULES
 
 from .common import InputError, as_text, optional_scalar
+from .request_schema import INPUTS_BY_NAME, JSON_ONLY_KEYS, REQUEST_INPUTS
+
+TENSOR_CASTS = {"BOOL": bool, "INT32": int, "UINT64": int, "FP32": float}
+# The numeric settings: schema inputs that set a SamplingParams field of a number.
+NUMERIC_SETTINGS = [tensor for tensor in REQUEST_INPUTS if tensor.setting and tensor.datatype in TENSOR_CASTS]
+JSON_KEYS = sorted({tensor.json_key for tensor in REQUEST_INPUTS if tensor.json_key} | set(JSON_ONLY_KEYS))
+# Tensor switches that turn on log-probabilities (ours, and vllm_backend's two).
+LOGPROB_SWITCHES = ("return_log_probs", "return_logprobs", "return_cumulative_logprob")
 
 
 def _vllm_top_k(value) -> int:
@@ -19,24 +29,9 @@ def _vllm_top_k(value) -> int:
     return 0 if top_k == -1 else top_k  # vLLM disables top-k with -1, this engine with 0
 
 
-# SamplingParams field -> (tensor input, sampling_parameters key, cast)
-SETTINGS = {
-    "max_tokens": ("request_output_len", "max_tokens", int),
-    "temperature": ("temperature", "temperature", float),
-    "top_k": ("runtime_top_k", "top_k", _vllm_top_k),
-    "top_p": ("runtime_top_p", "top_p", float),
-    "min_p": ("min_p", "min_p", float),
-    "repetition_penalty": ("repetition_penalty", "repetition_penalty", float),
-    "presence_penalty": ("presence_penalty", "presence_penalty", float),
-    "frequency_penalty": ("frequency_penalty", "frequency_penalty", float),
-    "min_tokens": ("min_tokens", "min_tokens", int),
-    "seed": ("seed", "seed", int),
-}
-# sampling_parameters keys handled apart from SETTINGS.
-OTHER_KEYS = ("ignore_eos", "stop_token_ids", "logprobs", "n", "stop", "bad_words")
-JSON_KEYS = sorted({key for _, key, _ in SETTINGS.values()} | set(OTHER_KEYS))
-# Tensor switches that turn on log-probabilities (ours, and vllm_backend's two).
-LOGPROB_SWITCHES = ("return_log_probs", "return_logprobs", "return_cumulative_logprob")
+def _json_cast(tensor):
+    """How a JSON value for this input is read (int("7") and float("0.5") take JSON strings too)."""
+    return _vllm_top_k if tensor.name == "top_k" else TENSOR_CASTS[tensor.datatype]
 
 
 def sampling_parameters_json(request) -> dict:
@@ -55,22 +50,28 @@ def sampling_parameters_json(request) -> dict:
     return parsed
 
 
-def word_list(request, from_json: dict, name: str, key: str) -> list[str]:
-    """Strings from a STRING [-1] input, else from the JSON (a string or a list of them)."""
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
+def word_list(request, from_json: dict, name: str) -> list[str]:
+    """Strings from a STRING [-1] input, else from its JSON key (a string or a list of them), within their rule."""
+    tensor = pb_utils.get_input_tensor_by_name(request, INPUTS_BY_NAME[name].glm_input)
+    key = INPUTS_BY_NAME[name].json_key
     if tensor is not None:
-        return [as_text(v) for v in tensor.as_numpy().reshape(-1)]
-    value = from_json.get(key, [])
-    words = [value] if isinstance(value, str) else value
-    if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
-        raise InputError(f"sampling_parameters: {key!r} must be a string or a list of strings")
+        words = [as_text(v) for v in tensor.as_numpy().reshape(-1)]
+    else:
+        value = from_json.get(key, [])
+        words = [value] if isinstance(value, str) else value
+        if not isinstance(words, list) or not all(isinstance(w, str) for w in words):
+            raise InputError(f"sampling_parameters: {key!r} must be a string or a list of strings")
+    try:
+        RULES[INPUTS_BY_NAME[name].setting].check(name, words)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
     return words
 
 
-def sampling_params(request, default_max_tokens: int, tokenizer=None) -> tuple[SamplingParams, list[str]]:
-    """The request's SamplingParams and stop strings. Bad words are tokenized with `tokenizer`, with and without a
-    leading space, as a word may be tokenized either way. Raises InputError naming the input (or JSON key) whose
-    value cannot be read; ranges are checked later, by the engine."""
+def sampling_params(request, default_max_tokens: int, tokenizer=None) -> SamplingParams:
+    """The request's SamplingParams. Bad words are tokenized with `tokenizer`, with and without a leading space, as
+    a word may be tokenized either way. Raises InputError naming the input (or JSON key) whose value cannot be
+    read; the ranges of the values are checked later, by the engine."""
     from_json = sampling_parameters_json(request)
 
     def json_value(key, cast):
@@ -80,12 +81,12 @@ def sampling_params(request, default_max_tokens: int, tokenizer=None) -> tuple[S
             raise InputError(f"sampling_parameters: {key!r} has an unusable value {from_json[key]!r}") from None
 
     values = {"max_tokens": default_max_tokens}
-    for field, (tensor_name, key, cast) in SETTINGS.items():
-        if key in from_json:
-            values[field] = json_value(key, cast)
-        tensor_value = optional_scalar(request, tensor_name, None, cast)
+    for tensor in NUMERIC_SETTINGS:
+        if tensor.json_key in from_json:
+            values[tensor.setting] = json_value(tensor.json_key, _json_cast(tensor))
+        tensor_value = optional_scalar(request, tensor.glm_input, None, TENSOR_CASTS[tensor.datatype])
         if tensor_value is not None:
-            values[field] = tensor_value
+            values[tensor.setting] = tensor_value
 
     if "n" in from_json and json_value("n", int) != 1:
         raise InputError("sampling_parameters: only n = 1 is supported")
@@ -103,9 +104,9 @@ def sampling_params(request, default_max_tokens: int, tokenizer=None) -> tuple[S
     logprobs = any(optional_scalar(request, name, False, bool) for name in LOGPROB_SWITCHES)
     if "logprobs" in from_json:
         logprobs = logprobs or json_value("logprobs", int) > 0
-    stop_strings = word_list(request, from_json, "stop_words", "stop")
-    bad_words = [w for w in word_list(request, from_json, "bad_words", "bad_words") if w]
+    stop = tuple(word_list(request, from_json, "stop_words"))
+    bad_words = [w for w in word_list(request, from_json, "bad_words") if w]
     bad_words_ids = tuple(dict.fromkeys(tuple(tokenizer.encode(variant, add_special_tokens=False))
                                         for word in bad_words for variant in (word, " " + word)))
-    params = SamplingParams(**values, stop_token_ids=stop_token_ids, logprobs=logprobs, bad_words_ids=bad_words_ids)
-    return params, stop_strings
+    return SamplingParams(**values, stop_token_ids=stop_token_ids, logprobs=logprobs, bad_words_ids=bad_words_ids,
+                          stop=stop)
