@@ -16,39 +16,22 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
-import io
 import json
-import os
 import statistics
-import subprocess
 import sys
-import tarfile
-import tempfile
 import time
 from types import SimpleNamespace
 
 import torch
 
 from glm_engine import sampler, sequence
+from glm_tools.engine_versions import engine_at
 from glm_tools.sampling_cases import LOGIT_SCALES, SETTINGS, make_sequences
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENGINE_PATH = "backends/python_glm/glm_engine"
 
 
 def load_version(commit: str) -> SimpleNamespace:
-    """The sampler and sequence modules of a git commit's engine package, imported as a package of its own."""
-    package = f"glm_engine_{commit}"
-    archive = subprocess.run(["git", "archive", commit, ENGINE_PATH], cwd=REPO, check=True, capture_output=True).stdout
-    root = tempfile.mkdtemp()
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(root, filter="data")
-    directory = os.path.join(root, ENGINE_PATH)
-    spec = importlib.util.spec_from_file_location(package, os.path.join(directory, "__init__.py"),
-                                                  submodule_search_locations=[directory])
-    sys.modules[package] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sys.modules[package])
+    """The sampler and sequence modules of a git commit's engine."""
+    package = engine_at(commit).__name__
     return SimpleNamespace(sampler=importlib.import_module(f"{package}.sampler"),
                            sequence=importlib.import_module(f"{package}.sequence"))
 

@@ -41,3 +41,14 @@ def test_bench_engine_offline_counts_every_requested_token_greedy_and_sampled(de
         assert results[name]["output_tokens"] == written["requested_output_tokens"]
         assert 0 <= results[name]["kv_waste_at_peak"] < 1
     assert 0 < written["summary"]["sampled_vs_greedy"]
+
+
+def test_bench_output_processor_times_stop_strings_against_a_baseline(demo_model_dir, tmp_path):
+    out = tmp_path / "output.json"
+    run_script("bench_output_processor.py", "--model-dir", demo_model_dir, "--repeat", "1", "--baseline", "HEAD",
+               "--json", str(out))
+    written = json.loads(out.read_text())
+    assert [row["stop_strings"] for row in written["output_processor"]] == [0, 1, 1, 8, 8, 64, 64]
+    assert all(row["streaming_us"] > 0 and row["single_us"] > 0 for row in written["output_processor"])
+    assert len(written["stop_string_filter"]) == 6
+    assert all(row["current_us"] > 0 and row["baseline_us"] > 0 for row in written["stop_string_filter"])

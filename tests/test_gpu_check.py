@@ -1,5 +1,6 @@
-"""glm_tools/gpu_check.py (scripts/gpu_check.py), the check a GPU machine runs, in its --smoke form: tiny shapes on the CPU, the kernel
-under Triton's interpreter. It shows that the script runs end to end and writes what the docs say it writes."""
+"""glm_tools/gpu_check.py (scripts/gpu_check.py), the check a GPU machine runs, in its --smoke form: tiny shapes on
+the CPU, the kernel under Triton's interpreter. It shows that the check runs end to end and writes what the docs say
+it writes."""
 
 from __future__ import annotations
 

@@ -211,7 +211,8 @@ def first_stop(stop_strings: list[str], text: str) -> tuple[int, int] | None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(stop_strings=st.lists(st.text("ab c龘", max_size=6), min_size=1, max_size=6), text=st.text("ab c龘", max_size=40))
+@given(stop_strings=st.lists(st.text("ab c龘", max_size=6), min_size=1, max_size=6),
+       text=st.text("ab c龘", max_size=40))
 def test_the_matcher_finds_what_the_plain_definition_finds(stop_strings, text):
     matcher = StopStringMatcher(stop_strings)
     found = None

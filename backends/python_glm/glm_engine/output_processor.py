@@ -107,11 +107,10 @@ class OutputProcessor:
             if ready or finished:
                 update.response = self._response(ready, len(ready), keep_chars, reason, finished)
         else:
-            previous = self.unsent_ids
-            self.unsent_ids = previous + ready
+            if keep_chars is not None:  # count from the start of the whole text, prompt echo included
+                keep_chars += len(self.tokenizer.decode(self.echo + self.unsent_ids))
+            self.unsent_ids += ready
             if finished:
-                if keep_chars is not None:  # count from the start of the whole text, prompt echo included
-                    keep_chars += len(self.tokenizer.decode(self.echo + previous))
                 update.response = self._response(self.echo + self.unsent_ids, len(self.unsent_ids), keep_chars,
                                                  reason, True)
         self.closed = finished

@@ -1,5 +1,5 @@
-"""The one definition of what a request to the Triton models carries: every input of the ensemble and bls (TensorRT-LLM's
-names, plus vllm_backend's), the name each has on the glm model, the key it has in vllm_backend's
+"""The one definition of what a request to the Triton models carries: every input of the ensemble and bls
+(TensorRT-LLM's names, plus vllm_backend's), the name each has on the glm model, the key it has in vllm_backend's
 `sampling_parameters` JSON, and every output.
 
 The adapters read requests through it (request_params.py, bls.py), a test holds the models' config.pbtxt files and
