@@ -10,8 +10,9 @@ from .block_pool import BlockPool
 from .config import EngineConfig, ModelConfig
 from .model_runner import ModelRunner
 from .sampler import sample
+from .sampling_params import SamplingParams
 from .scheduler import Scheduler, SchedulerOutput
-from .sequence import FinishReason, SamplingParams, Sequence
+from .sequence import FinishReason, Sequence
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import threading
 from typing import Callable
 
 from .engine import LLMEngine, RequestOutput
-from .sequence import SamplingParams
+from .sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
 
