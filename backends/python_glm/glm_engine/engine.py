@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from .block_pool import BlockPool
 from .config import EngineConfig, ModelConfig
 from .model_runner import ModelRunner
-from .sampler import sample
+from .sampler import draw_uniforms, sample
 from .sampling_params import SamplingParams
-from .scheduler import Scheduler, SchedulerOutput
+from .scheduler import ScheduledSequence, Scheduler, SchedulerOutput
 from .sequence import FinishReason, Sequence
 
 log = logging.getLogger(__name__)
@@ -118,21 +118,47 @@ class LLMEngine:
         step = self.scheduler.schedule()
         if not step.scheduled:
             return []
-        try:
-            logits = self.runner.execute(step)
-            tokens, logprobs = sample(logits, step.sampling)
-        except Exception as exc:  # a failed step must not leave sequences holding blocks
-            log.exception("engine step failed")
-            return [self._fail(item.seq, f"engine step failed: {exc}") for item in step.scheduled]
-        return self._apply(step, tokens, logprobs)
+        uniforms = dict(zip(step.sampling, draw_uniforms(step.sampling)))
+        sampled, failed = self._execute(step.scheduled, uniforms)
+        outputs = [self._fail(seq, message) for seq, message in failed.items()]
+        return outputs + self._apply(step, sampled)
 
-    def _apply(self, step: SchedulerOutput, tokens: list[int], logprobs: list[float | None]) -> list[RequestOutput]:
-        """The one place a step's results change the sequences: the computed tokens are in the KV cache (and full
-        blocks in the prefix cache), then each sampling sequence takes its token, which may end it."""
+    def _execute(self, items: list[ScheduledSequence], uniforms: dict[Sequence, float | None]
+                 ) -> tuple[dict[Sequence, tuple[int, float | None]], dict[Sequence, str]]:
+        """Run these scheduled sequences as one step: (token and log-prob of each that sampled, error of each that
+        failed). If the step raises, each half runs on its own, and so on down to single sequences, so that only a
+        request that fails alone fails: one request must not end the others. Nothing changes the sequences here;
+        rerunning rewrites the same keys and values, and draws with the same numbers."""
+        part = SchedulerOutput(items)
+        try:
+            logits = self.runner.execute(part)
+            tokens, logprobs = sample(logits, part.sampling, [uniforms[seq] for seq in part.sampling])
+        except Exception as exc:
+            if len(items) == 1:
+                log.exception("engine step failed for request %s", items[0].seq.request_id)
+                return {}, {items[0].seq: f"engine step failed: {exc}"}
+            log.warning("a step of %d sequences failed (%s); running each half on its own", len(items), exc)
+            half = len(items) // 2
+            (first, first_failed), (second, second_failed) = (self._execute(items[:half], uniforms),
+                                                              self._execute(items[half:], uniforms))
+            return {**first, **second}, {**first_failed, **second_failed}
+        sampled, failed = {}, {}
+        for seq, token, logprob in zip(part.sampling, tokens, logprobs):
+            if token < 0:
+                failed[seq] = "the model's logits for this request were not finite: no token could be sampled"
+            else:
+                sampled[seq] = (token, logprob)
+        return sampled, failed
+
+    def _apply(self, step: SchedulerOutput, sampled: dict[Sequence, tuple[int, float | None]]
+               ) -> list[RequestOutput]:
+        """The one place a step's results change the sequences that did not fail: the computed tokens are in the KV
+        cache (and full blocks in the prefix cache), then each sampling sequence takes its token, which may end it."""
         for item in step.scheduled:
-            item.seq.num_computed_tokens = item.start + item.num_new_tokens
-            self.pool.cache_full_blocks(item.seq)
-        return [self._append_token(seq, token, logprob) for seq, token, logprob in zip(step.sampling, tokens, logprobs)]
+            if not item.seq.is_finished:
+                item.seq.num_computed_tokens = item.start + item.num_new_tokens
+                self.pool.cache_full_blocks(item.seq)
+        return [self._append_token(seq, *sampled[seq]) for seq in step.sampling if seq in sampled]
 
     def fail_all(self, message: str) -> list[RequestOutput]:
         """End every live request with an error and free its blocks (after an unexpected engine fault)."""

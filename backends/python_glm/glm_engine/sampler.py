@@ -21,19 +21,34 @@ from .sequence import Sequence
 
 
 @torch.inference_mode()
-def sample(logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int], list[float | None]]:
+def sample(logits: torch.Tensor, seqs: list[Sequence], uniforms: list[float | None] | None = None
+           ) -> tuple[list[int], list[float | None]]:
     """logits: [len(seqs), vocab] float32 -> one token id per sequence, and its log-probability for the sequences
-    that asked (None for the others). Penalties adjust `logits` in place."""
+    that asked (None for the others). Penalties adjust `logits` in place.
+
+    `uniforms`: each row's number for its draw (draw_uniforms); drawn here when not given. A row whose logits hold
+    no finite maximum (NaN or infinite: a broken forward pass for that sequence) gets the token -1, so that the
+    engine fails that request alone; every setting in its documented range gives a token in the vocabulary."""
     adjust_logits(logits, seqs)
-    tokens = choose(logits, seqs)
+    row_max = logits.amax(dim=-1, keepdim=True)  # NaN if any logit of the row is
+    if uniforms is None:
+        uniforms = draw_uniforms(seqs)
+    tokens = choose(logits, row_max, seqs, uniforms)
+    tokens = torch.where(torch.isfinite(row_max[:, 0]), tokens, -1)
     logprobs: list[float | None] = [None] * len(seqs)
     wanted = [row for row, seq in enumerate(seqs) if seq.params.logprobs]
     if wanted:
         rows = torch.tensor(wanted, device=logits.device)
-        chosen = torch.log_softmax(logits[rows], dim=-1).gather(1, tokens[rows, None])[:, 0]
+        chosen = torch.log_softmax(logits[rows], dim=-1).gather(1, tokens[rows, None].clamp(min=0))[:, 0]
         for row, value in zip(wanted, chosen.tolist()):
             logprobs[row] = value
     return tokens.tolist(), logprobs
+
+
+def draw_uniforms(seqs: list[Sequence]) -> list[float | None]:
+    """Each sampled row's number in [0, 1) for its draw, from the sequence's own stream (None for greedy rows).
+    Drawn once per step and sequence, before anything runs, so that rerunning a step draws nothing again."""
+    return [None if seq.params.greedy else seq.rng.random() for seq in seqs]
 
 
 def adjust_logits(logits: torch.Tensor, seqs: list[Sequence]) -> None:
@@ -45,7 +60,10 @@ def adjust_logits(logits: torch.Tensor, seqs: list[Sequence]) -> None:
         row_ids, tokens = occurrences([seqs[row].token_ids for row in rows], rows, device)
         penalty = _per_row([seq.params.repetition_penalty for seq in seqs], logits)[row_ids]
         values = logits[row_ids, tokens]
-        logits[row_ids, tokens] = torch.where(values > 0, values / penalty, values * penalty)
+        # A penalty near 0 sends positive logits to +inf, which would make the row's softmax NaN: the largest
+        # finite value keeps them the most likely. (Negative ones may go to -inf: never drawn.)
+        penalized = torch.where(values > 0, values / penalty, values * penalty)
+        logits[row_ids, tokens] = penalized.clamp(max=torch.finfo(logits.dtype).max)
 
     rows = [row for row, seq in enumerate(seqs)
             if (seq.params.presence_penalty or seq.params.frequency_penalty) and seq.num_output_tokens]
@@ -83,18 +101,19 @@ def occurrences(token_lists: list[list[int]], rows: list[int], device: torch.dev
 SMALL_TOP_K = 256
 
 
-def choose(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+def choose(logits: torch.Tensor, row_max: torch.Tensor, seqs: list[Sequence],
+           uniforms: list[float | None]) -> torch.Tensor:
     """One token per row of logits [rows, vocab], each row its own way: greedy, drawn among a small top-k, or
     drawn over the whole vocabulary. The way depends on the row's own settings only, so a seed gives the same
-    token whatever shares the batch."""
+    token whatever shares the batch. row_max: each row's largest logit [rows, 1]."""
     ways = [_way(seq.params.greedy, seq.params.top_k, logits.shape[1]) for seq in seqs]
     if len(set(ways)) == 1:  # all one way: no copy of the rows (a pass over [rows, vocab] saved)
-        return ways[0](logits, seqs)
+        return ways[0](logits, row_max, seqs, uniforms)
     tokens = torch.empty(len(seqs), dtype=torch.long, device=logits.device)
     for way in dict.fromkeys(ways):
         rows = [row for row, its_way in enumerate(ways) if its_way is way]
         index = torch.tensor(rows, device=logits.device)
-        tokens[index] = way(logits[index], [seqs[row] for row in rows])
+        tokens[index] = way(logits[index], row_max[index], [seqs[row] for row in rows], [uniforms[row] for row in rows])
     return tokens
 
 
@@ -104,7 +123,7 @@ def _way(greedy: bool, top_k: int, vocab: int):
     return _draw_among_top_k if 0 < top_k <= SMALL_TOP_K and top_k < vocab else _draw_over_vocabulary
 
 
-def _greedy(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+def _greedy(logits: torch.Tensor, row_max: torch.Tensor, seqs: list[Sequence], uniforms) -> torch.Tensor:
     return logits.argmax(dim=-1)
 
 
@@ -116,19 +135,26 @@ def _column(values: list, like: torch.Tensor) -> torch.Tensor:
     return _per_row(values, like)[:, None]
 
 
-def _draw_among_top_k(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+def _scaled(scores: torch.Tensor, best: torch.Tensor, params) -> torch.Tensor:
+    """(scores - the row's best) / temperature: at most 0, so that no temperature in range overflows to NaN (a
+    tiny one sends all but the best to -inf, a huge one flattens the row)."""
+    return (scores - best) / _column([p.temperature for p in params], scores)
+
+
+def _draw_among_top_k(logits: torch.Tensor, row_max: torch.Tensor, seqs: list[Sequence], uniforms) -> torch.Tensor:
     params = [seq.params for seq in seqs]
     top_k = [p.top_k for p in params]
     scores, candidates = torch.topk(logits, max(top_k), dim=-1)  # most likely first
     beyond_k = torch.arange(max(top_k), device=logits.device)[None, :] >= _column(top_k, candidates)
-    scores = scores / _column([p.temperature for p in params], scores)
+    scores = _scaled(scores, row_max, params)
     probs = _top_p(torch.softmax(scores.masked_fill(beyond_k, float("-inf")), dim=-1), seqs, already_sorted=True)
-    return candidates.gather(1, _min_p_and_invert(probs, seqs)[:, None])[:, 0]
+    return candidates.gather(1, _min_p_and_invert(probs, seqs, uniforms)[:, None])[:, 0]
 
 
-def _draw_over_vocabulary(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+def _draw_over_vocabulary(logits: torch.Tensor, row_max: torch.Tensor, seqs: list[Sequence], uniforms
+                          ) -> torch.Tensor:
     params = [seq.params for seq in seqs]
-    scores = logits / _column([p.temperature for p in params], logits)
+    scores = _scaled(logits, row_max, params)
 
     top_k = [p.top_k if 0 < p.top_k < logits.shape[1] else None for p in params]  # only large ones come here
     if any(top_k):
@@ -138,7 +164,7 @@ def _draw_over_vocabulary(logits: torch.Tensor, seqs: list[Sequence]) -> torch.T
         kth_best.masked_fill_(torch.tensor([[k is None] for k in top_k], device=logits.device), float("-inf"))
         scores = scores.masked_fill(scores < kth_best, float("-inf"))
 
-    return _min_p_and_invert(_top_p(torch.softmax(scores, dim=-1), seqs), seqs)
+    return _min_p_and_invert(_top_p(torch.softmax(scores, dim=-1), seqs), seqs, uniforms)
 
 
 def _top_p(probs: torch.Tensor, seqs: list[Sequence], already_sorted: bool = False) -> torch.Tensor:
@@ -147,7 +173,7 @@ def _top_p(probs: torch.Tensor, seqs: list[Sequence], already_sorted: bool = Fal
     return _top_p_filter(probs, _column([seq.params.top_p for seq in seqs], probs), already_sorted)
 
 
-def _min_p_and_invert(probs: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+def _min_p_and_invert(probs: torch.Tensor, seqs: list[Sequence], uniforms: list[float]) -> torch.Tensor:
     """Drop tokens below min_p times the best, then draw: the index of each row's token in `probs`."""
     if any(seq.params.min_p > 0.0 for seq in seqs):
         min_p = _column([seq.params.min_p for seq in seqs], probs)
@@ -156,9 +182,11 @@ def _min_p_and_invert(probs: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor
     # a probability above zero, since the running sum grows there; u * total is kept below total, so one exists.
     cdf = probs.cumsum(dim=-1)
     total = cdf[:, -1:]
-    target = torch.minimum(_column([seq.rng.random() for seq in seqs], cdf) * total,
+    target = torch.minimum(_column(uniforms, cdf) * total,
                            torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, target, right=True)[:, 0]
+    # A row whose logits were not finite has NaN probabilities, and would index one past the end: sample() reports
+    # it as -1 anyway, but it must not fail the other rows' gather.
+    return torch.searchsorted(cdf, target, right=True)[:, 0].clamp_(max=probs.shape[1] - 1)
 
 
 def _top_p_cutoff(best: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

@@ -71,10 +71,15 @@ RULES = {
 }
 
 
+# Temperatures below this are greedy: dividing by them leaves nothing but the best token anyway, and float32 rounds
+# the smallest to 0.
+GREEDY_BELOW_TEMPERATURE = 1e-5
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 64
-    # 0 means greedy; otherwise logits are divided by it before top-k / top-p filtering.
+    # 0 (or below GREEDY_BELOW_TEMPERATURE) means greedy; otherwise logits are divided by it before top-k / top-p.
     temperature: float = 0.0
     top_k: int = 0  # 0: no top-k filter
     top_p: float = 1.0  # 1: no nucleus filter
@@ -100,7 +105,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < GREEDY_BELOW_TEMPERATURE or self.top_k == 1
 
     def validate(self) -> None:
         """Raise ValueError naming the setting that breaks its rule in RULES."""

@@ -66,7 +66,8 @@ REQUEST_INPUTS = (
     Tensor("stream", "BOOL", "one response per few tokens (ensemble only)", default="false", glm_name="streaming"),
     Tensor("exclude_input_in_output", "BOOL", "a single response repeats the prompt text before the answer unless "
            "this is true (as in TensorRT-LLM); streams never repeat it", default="false"),
-    Tensor("temperature", "FP32", "0 is greedy", setting="temperature", json_key="temperature"),
+    Tensor("temperature", "FP32", "0 (or anything below 1e-5) is greedy", setting="temperature",
+           json_key="temperature"),
     Tensor("top_k", "INT32", "0 turns it off; 1 is greedy (in the JSON, -1 turns it off too)", setting="top_k",
            glm_name="runtime_top_k", json_key="top_k"),
     Tensor("top_p", "FP32", "1 turns it off", setting="top_p", glm_name="runtime_top_p", json_key="top_p"),
