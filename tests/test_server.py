@@ -336,6 +336,83 @@ def grpc_stream_error(server, inputs) -> str:
         client.close()
 
 
+def assert_clear(message: str, *names: str) -> None:
+    """An error message that names what it should and shows nothing of the server's insides."""
+    for name in names:
+        assert name in message, message
+    assert not any(leak in message for leak in ("Traceback", "At:", ".py", "/root", "site-packages")), message
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient])
+def test_bls_keeps_the_error_codes_of_the_engine(triton_server, module):
+    """Triton 2.51 turns every error a BLS call receives into INTERNAL; bls restores the engine's own code."""
+    url = triton_server.http_url if module is httpclient else triton_server.grpc_url
+    client = module.InferenceServerClient(url)
+    for inputs, expected in ((ensemble_inputs(module, "hi", top_p=5.0), "top_p must lie in"),
+                             (ensemble_inputs(module, "word " * 5000), "over the model's limit")):
+        with pytest.raises(InferenceServerException) as error:
+            client.infer("bls", inputs)
+        assert error.value.status() in ("400", "StatusCode.INVALID_ARGUMENT"), error.value
+        assert_clear(error.value.message(), expected)
+        assert not error.value.message().startswith("[")  # the code travels in the message only inside the server
+    assert_still_serving(triton_server)
+
+
+@pytest.mark.parametrize("sampling_parameters, expected", [
+    ("[" * 100000 + "]" * 100000, "input 'sampling_parameters' holds a number too long or nesting too deep"),
+    ('{"max_tokens": ' + "9" * 5000 + "}", "input 'sampling_parameters' holds a number too long"),
+    ('{"n": 1e400}', "sampling_parameters: 'n' has an unusable value"),
+    ('{"stop_token_ids": [1e400]}', "sampling_parameters: 'stop_token_ids' has an unusable value"),
+    ('{"temperature": 1e400}', "temperature must be a finite number"),
+    ('{"stop": "' + "x" * 300000 + '"}', "input 'sampling_parameters' must be at most 262144 characters"),
+])
+def test_unreadable_sampling_parameters_get_a_400_without_a_traceback(triton_server, sampling_parameters, expected):
+    for model in ("ensemble", "bls"):
+        response = requests.post(f"http://{triton_server.http_url}/v2/models/{model}/generate", timeout=60,
+                                 json={"text_input": "hi", "sampling_parameters": sampling_parameters})
+        assert response.status_code == 400, (model, response.text[:300])
+        assert_clear(response.json()["error"], expected)
+    assert_still_serving(triton_server)
+
+
+def test_text_that_is_not_utf8_is_refused_naming_the_input(triton_server):
+    client = httpclient.InferenceServerClient(triton_server.http_url)
+    bad_prompt = ensemble_inputs(httpclient, "hi")
+    bad_prompt[0].set_data_from_numpy(np.array([[b"caf\xe9"]], dtype=np.object_))
+    stop_words = httpclient.InferInput("stop_words", [1, 1], "BYTES")
+    stop_words.set_data_from_numpy(np.array([[b"\xff"]], dtype=np.object_))
+    for inputs, name in ((bad_prompt, "text_input"), ([*ensemble_inputs(httpclient, "hi"), stop_words], "stop_words")):
+        with pytest.raises(InferenceServerException) as error:
+            client.infer("bls", inputs)
+        assert error.value.status() == "400"
+        assert_clear(error.value.message(), f"input '{name}' is not valid UTF-8")
+    grpc_prompt = ensemble_inputs(grpcclient, "hi")
+    grpc_prompt[0].set_data_from_numpy(np.array([[b"caf\xe9"]], dtype=np.object_))
+    assert_clear(grpc_stream_error(triton_server, grpc_prompt), "input 'text_input' is not valid UTF-8")
+    assert_still_serving(triton_server)
+
+
+def test_a_request_without_text_input_is_refused_on_every_endpoint(triton_server):
+    """Triton's ensemble answers a request that lacks a required input with an empty response, so text_input is
+    optional there and checked by the models; the ensemble's error comes from Triton, which cannot run its first
+    step without an input."""
+    for model in ("ensemble", "bls"):
+        response = requests.post(f"http://{triton_server.http_url}/v2/models/{model}/generate",
+                                 json={"max_tokens": 4}, timeout=60)
+        assert response.status_code == 400, (model, response.text)
+    stream = requests.post(f"http://{triton_server.http_url}/v2/models/ensemble/generate_stream",
+                           json={"max_tokens": 4, "stream": True}, timeout=60)
+    assert stream.status_code == 400, stream.text
+    max_tokens = grpcclient.InferInput("max_tokens", [1, 1], "INT32")
+    max_tokens.set_data_from_numpy(np.array([[4]], dtype=np.int32))
+    assert grpc_stream_error(triton_server, [max_tokens])
+    client = httpclient.InferenceServerClient(triton_server.http_url)
+    with pytest.raises(InferenceServerException) as error:
+        client.infer("bls", ensemble_inputs(httpclient, "hi")[1:])
+    assert error.value.status() == "400"
+    assert_still_serving(triton_server)
+
+
 def test_wrong_dtype_and_shape_are_refused(triton_server):
     def max_tokens(module, shape, datatype, values):
         tensor = module.InferInput("max_tokens", shape, datatype)

@@ -12,8 +12,8 @@ import triton_python_backend_utils as pb_utils
 
 from glm_engine.tokenizer import GlmTokenizer
 
-from .common import InputError, as_text, check_prompt, cut_to_text_length, error_response, optional_scalar, \
-    required_array, resolve_model_dir
+from .common import CODE_IN_MESSAGE, InputError, check_prompt, cut_to_text_length, error_from_callee, \
+    error_response, internal_error, optional_scalar, required_array, resolve_model_dir, text_of
 from .request_schema import INPUTS_BY_NAME
 
 # Every input but text_input and stream goes to glm, under its glm name (the ensemble's mapping), so what bls
@@ -35,14 +35,19 @@ class Bls:
 
     def _one(self, request):
         try:
-            texts = [as_text(v) for v in required_array(request, "text_input").reshape(-1)]
-            if len(texts) != 1:
-                raise InputError(f"one prompt per request, got {len(texts)}")
-            check_prompt(texts[0])
-            if optional_scalar(request, "stream", False, bool):
-                raise InputError("the bls model answers in one response; stream through the 'ensemble' model")
-        except (InputError, UnicodeDecodeError) as exc:
+            return self._answer(request)
+        except InputError as exc:
             return error_response(str(exc))
+        except Exception:
+            return internal_error("answering a bls request")
+
+    def _answer(self, request):
+        texts = [text_of(v, "text_input") for v in required_array(request, "text_input").reshape(-1)]
+        if len(texts) != 1:
+            raise InputError(f"one prompt per request, got {len(texts)}")
+        check_prompt(texts[0])
+        if optional_scalar(request, "stream", False, bool):
+            raise InputError("the bls model answers in one response; stream through the 'ensemble' model")
 
         prompt = np.array([self.tokenizer.encode(texts[0])], dtype=np.int32)
         inputs = [pb_utils.Tensor("input_ids", prompt),
@@ -53,14 +58,15 @@ class Bls:
         # The same request id, so that a `stop` request naming it reaches the engine's request.
         engine_request = pb_utils.InferenceRequest(
             model_name=self.engine_model, inputs=inputs, request_id=request.request_id(),
-            requested_output_names=["output_ids", "output_log_probs", "text_length", *PASSED_THROUGH])
+            requested_output_names=["output_ids", "output_log_probs", "text_length", *PASSED_THROUGH],
+            parameters={CODE_IN_MESSAGE: True})
         token_ids: list[int] = []
         logprobs: list[float] = []
         text_length = -1
         last = {}
         for response in engine_request.exec(decoupled=True):
             if response.has_error():
-                return pb_utils.InferenceResponse(output_tensors=[], error=response.error())
+                return pb_utils.InferenceResponse(output_tensors=[], error=error_from_callee(response.error()))
             if not response.output_tensors():  # the empty final flag
                 continue
             token_ids += pb_utils.get_output_tensor_by_name(response, "output_ids").as_numpy().reshape(-1).tolist()

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import re
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+log = logging.getLogger(__name__)
+
 MODEL_DIR_ENV = "GLM_MODEL_DIR"
+# Triton 2.51 sets the code of every error that a BLS call receives to INTERNAL (triton-inference-server/server
+# issue #7804), so a client error of glm would reach a bls client as HTTP 500. A request that carries this parameter
+# gets each error's code at the start of its message instead ("[INVALID_ARG] ..."), and bls restores it.
+CODE_IN_MESSAGE = "glm_error_code_in_message"
 
 
 class InputError(ValueError):
@@ -51,15 +60,49 @@ def check_prompt(text: str) -> None:
         raise InputError("input 'text_input' is empty: give a prompt of at least one non-blank character")
 
 
-def error_response(message: str, internal: bool = False):
-    """An error response: the client's fault (INVALID_ARG, HTTP 400) unless `internal` (the server's)."""
+def error_response(message: str, code: str = "INVALID_ARG", code_in_message: bool = False):
+    """An error response. `code`: INVALID_ARG (the client's fault, HTTP 400), INTERNAL (the server's, HTTP 500) or
+    another pb_utils.TritonError code; `code_in_message`: for a BLS caller (see CODE_IN_MESSAGE)."""
     # pb_utils' attributes are read here, not at import: the stub imports model.py before it fills them in.
-    code = pb_utils.TritonError.INTERNAL if internal else pb_utils.TritonError.INVALID_ARG
-    return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message, code))
+    if code_in_message:
+        message = f"[{code}] {message}"
+    return pb_utils.InferenceResponse(output_tensors=[],
+                                      error=pb_utils.TritonError(message, getattr(pb_utils.TritonError, code)))
 
 
-def as_text(value) -> str:
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+def internal_error(what: str, code_in_message: bool = False):
+    """The response to an exception no check foresaw: logged with its traceback, and reported to the client without
+    one (nor any server path)."""
+    log.exception("internal error while %s", what)
+    return error_response(f"internal error while {what}; the server's log has the details", "INTERNAL",
+                          code_in_message)
+
+
+def wants_code_in_message(request) -> bool:
+    try:
+        return bool(json.loads(request.parameters() or "{}").get(CODE_IN_MESSAGE))
+    except (ValueError, AttributeError):
+        return False
+
+
+def error_from_callee(error):
+    """A TritonError that a BLS call received, with the code its message carries (see CODE_IN_MESSAGE)."""
+    message = error.message()
+    tagged = re.fullmatch(r"\[([A-Z_]+)\] (.*)", message, re.S)
+    if tagged and hasattr(pb_utils.TritonError, tagged[1]):
+        return pb_utils.TritonError(tagged[2], getattr(pb_utils.TritonError, tagged[1]))
+    return pb_utils.TritonError(message, pb_utils.TritonError.INTERNAL)
+
+
+def text_of(value, name: str) -> str:
+    """One element of a STRING input as text; bytes that are not UTF-8 are an InputError naming the input."""
+    if not isinstance(value, bytes):
+        return str(value)
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"input '{name}' is not valid UTF-8 (byte 0x{value[exc.start]:02x} at position "
+                         f"{exc.start})") from None
 
 
 def cut_to_text_length(text: str, text_length: int) -> str:

@@ -15,7 +15,8 @@ from glm_engine import EngineConfig, EngineThread, LLMEngine, RequestOutput, Sam
 from glm_engine.output_processor import OutputProcessor, Response
 from glm_engine.tokenizer import GlmTokenizer
 
-from .common import InputError, error_response, optional_scalar, required_array, resolve_model_dir
+from .common import (InputError, error_response, internal_error, optional_scalar, required_array, resolve_model_dir,
+                     wants_code_in_message)
 from .metrics import EngineMetrics
 from .request_params import sampling_params
 
@@ -40,6 +41,7 @@ class GlmEngineModel:
     def execute(self, requests):
         for request in requests:
             sender = request.get_response_sender()
+            code_in_message = wants_code_in_message(request)
             try:
                 if optional_scalar(request, "stop", False, bool):
                     self._stop(request.request_id())
@@ -50,10 +52,14 @@ class GlmEngineModel:
                 prompt, params, streaming, echo_prompt = self._parse(request)
                 processor = OutputProcessor(self.tokenizer, prompt, streaming, echo_prompt, params.stop)
                 stream = ResponseStream(sender, processor, self.metrics, outputs=set(request.requested_output_names()),
-                                        send=self.outbox.send)
+                                        send=self.outbox.send, code_in_message=code_in_message)
                 self._submit(request.request_id(), prompt, params, stream)
             except ValueError as exc:  # InputError, or the engine's own checks
-                sender.send(error_response(str(exc)), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                sender.send(error_response(str(exc), code_in_message=code_in_message),
+                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            except Exception:
+                sender.send(internal_error("reading a glm request", code_in_message),
+                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
 
     def _submit(self, client_id: str, prompt: list[int], params: SamplingParams, stream: ResponseStream) -> None:
@@ -155,10 +161,12 @@ class ResponseStream:
     it says to send is turned into tensors and sent (through a ResponseOutbox); latencies go to the metrics."""
 
     def __init__(self, sender, processor: OutputProcessor, metrics: EngineMetrics | None = None,
-                 outputs: set[str] | None = None, send=send_now):
+                 outputs: set[str] | None = None, send=send_now, code_in_message: bool = False):
         """`outputs`: the output names the client asked for (Triton asks for all when the client names none); only
-        those are sent. Each tensor costs a copy through shared memory and gRPC or JSON encoding, every token."""
+        those are sent. Each tensor costs a copy through shared memory and gRPC or JSON encoding, every token.
+        `code_in_message`: the request came through BLS (see common.CODE_IN_MESSAGE)."""
         self.sender = sender
+        self.code_in_message = code_in_message
         self.processor = processor
         self.metrics = metrics
         self.outputs = outputs
@@ -171,7 +179,7 @@ class ResponseStream:
             self.metrics.record(update.latencies, update.finish_reason)
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         if update.error is not None:
-            self.send(self.sender, error_response(update.error, internal=True), final)
+            self.send(self.sender, error_response(update.error, "INTERNAL", self.code_in_message), final)
         elif update.close:
             self.send(self.sender, None, final)
         elif update.response is not None:

@@ -8,7 +8,7 @@ import triton_python_backend_utils as pb_utils
 
 from glm_engine.tokenizer import GlmTokenizer
 
-from .common import InputError, cut_to_text_length, error_response, required_array, resolve_model_dir
+from .common import InputError, cut_to_text_length, error_response, internal_error, required_array, resolve_model_dir
 
 
 class Postprocessing:
@@ -20,13 +20,18 @@ class Postprocessing:
 
     def _one(self, request):
         try:
-            tokens = required_array(request, "TOKENS_BATCH")  # [batch, beams, tokens]
-            lengths = required_array(request, "SEQUENCE_LENGTH")  # [batch, beams]
-            if tokens.ndim != 3 or lengths.shape != tokens.shape[:2]:
-                raise InputError(f"TOKENS_BATCH {list(tokens.shape)} and SEQUENCE_LENGTH {list(lengths.shape)} "
-                                 "must be [batch, beams, tokens] and [batch, beams]")
+            return self._detokenize(request)
         except InputError as exc:
             return error_response(str(exc))
+        except Exception:
+            return internal_error("decoding an answer")
+
+    def _detokenize(self, request):
+        tokens = required_array(request, "TOKENS_BATCH")  # [batch, beams, tokens]
+        lengths = required_array(request, "SEQUENCE_LENGTH")  # [batch, beams]
+        if tokens.ndim != 3 or lengths.shape != tokens.shape[:2]:
+            raise InputError(f"TOKENS_BATCH {list(tokens.shape)} and SEQUENCE_LENGTH {list(lengths.shape)} "
+                             "must be [batch, beams, tokens] and [batch, beams]")
         sequences = [tokens[b, k, :lengths[b, k]].tolist()
                      for b in range(tokens.shape[0]) for k in range(tokens.shape[1])]
         texts = self.tokenizer.decode_batch(sequences)

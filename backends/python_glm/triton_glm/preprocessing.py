@@ -7,7 +7,7 @@ import triton_python_backend_utils as pb_utils
 
 from glm_engine.tokenizer import GlmTokenizer
 
-from .common import InputError, as_text, check_prompt, error_response, required_array, resolve_model_dir
+from .common import InputError, check_prompt, error_response, internal_error, resolve_model_dir, text_of
 
 
 class Preprocessing:
@@ -21,11 +21,21 @@ class Preprocessing:
 
     def _one(self, request):
         try:
-            texts = [as_text(v) for v in required_array(request, "QUERY").reshape(-1)]
-            for text in texts:
-                check_prompt(text)
-        except (InputError, UnicodeDecodeError) as exc:
+            return self._tokenize(request)
+        except InputError as exc:
             return error_response(str(exc))
+        except Exception:
+            return internal_error("tokenizing a prompt")
+
+    def _tokenize(self, request):
+        # QUERY is the ensemble's text_input: optional in both configs, so that a request without it gets this
+        # error rather than the empty answer Triton's ensemble gives when a required input is missing.
+        query = pb_utils.get_input_tensor_by_name(request, "QUERY")
+        if query is None:
+            raise InputError("input 'text_input' is required")
+        texts = [text_of(v, "text_input") for v in query.as_numpy().reshape(-1)]
+        for text in texts:
+            check_prompt(text)
         encoded = self.tokenizer.encode_batch(texts)
         lengths = np.array([[len(ids)] for ids in encoded], dtype=np.int32)
         ids = np.full((len(encoded), int(lengths.max())), self.pad_id, dtype=np.int32)

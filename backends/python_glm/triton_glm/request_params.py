@@ -13,13 +13,16 @@ from glm_engine import SamplingParams
 from glm_engine.config import parse_bool
 from glm_engine.sampling_params import RULES
 
-from .common import InputError, as_text, optional_scalar
+from .common import InputError, optional_scalar, text_of
 from .request_schema import INPUTS_BY_NAME, JSON_ONLY_KEYS, REQUEST_INPUTS
 
 TENSOR_CASTS = {"BOOL": bool, "INT32": int, "UINT64": int, "FP32": float}
 # The numeric settings: schema inputs that set a SamplingParams field of a number.
 NUMERIC_SETTINGS = [tensor for tensor in REQUEST_INPUTS if tensor.setting and tensor.datatype in TENSOR_CASTS]
 JSON_KEYS = sorted({tensor.json_key for tensor in REQUEST_INPUTS if tensor.json_key} | set(JSON_ONLY_KEYS))
+# The longest sampling_parameters JSON read: room for every key, with the most and longest stop and bad words
+# written as \\u escapes.
+MAX_JSON_CHARS = 262144
 # Tensor switches that turn on log-probabilities (ours, and vllm_backend's two).
 LOGPROB_SWITCHES = ("return_log_probs", "return_logprobs", "return_cumulative_logprob")
 
@@ -35,13 +38,17 @@ def _json_cast(tensor):
 
 
 def sampling_parameters_json(request) -> dict:
-    text = optional_scalar(request, "sampling_parameters", None, as_text)
+    text = optional_scalar(request, "sampling_parameters", None, lambda value: text_of(value, "sampling_parameters"))
     if text is None:
         return {}
+    if len(text) > MAX_JSON_CHARS:
+        raise InputError(f"input 'sampling_parameters' must be at most {MAX_JSON_CHARS} characters, got {len(text)}")
     try:
         parsed = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(f"input 'sampling_parameters' is not valid JSON: {exc}") from None
+    except (ValueError, RecursionError):  # an integer of over 4,300 digits; nesting deeper than Python recurses
+        raise InputError("input 'sampling_parameters' holds a number too long or nesting too deep to read") from None
     if not isinstance(parsed, dict):
         raise InputError("input 'sampling_parameters' must be a JSON object")
     unknown = sorted(set(parsed) - set(JSON_KEYS))
@@ -55,7 +62,7 @@ def word_list(request, from_json: dict, name: str) -> list[str]:
     tensor = pb_utils.get_input_tensor_by_name(request, INPUTS_BY_NAME[name].glm_input)
     key = INPUTS_BY_NAME[name].json_key
     if tensor is not None:
-        words = [as_text(v) for v in tensor.as_numpy().reshape(-1)]
+        words = [text_of(v, name) for v in tensor.as_numpy().reshape(-1)]
     else:
         value = from_json.get(key, [])
         words = [value] if isinstance(value, str) else value
@@ -77,7 +84,7 @@ def sampling_params(request, default_max_tokens: int, tokenizer=None) -> Samplin
     def json_value(key, cast):
         try:
             return cast(from_json[key])
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # OverflowError: int() of an infinite float
             raise InputError(f"sampling_parameters: {key!r} has an unusable value {from_json[key]!r}") from None
 
     values = {"max_tokens": default_max_tokens}
