@@ -57,7 +57,7 @@ def _from_message(message: str) -> type[GlmError]:
     lowered = message.lower()
     if "unknown model" in lowered or "is not ready" in lowered or "is not found" in lowered:
         return ModelNotReadyError
-    if "maximum queue size" in lowered:
+    if "maximum queue size" in lowered or "overloaded" in lowered:
         return OverloadedError
     if "cancelled" in lowered:
         return RequestCancelledError
@@ -80,6 +80,8 @@ def message_from_body(body: str) -> str:
 
 def from_http(status_code: int, message: str) -> GlmError:
     kind = _HTTP_STATUS.get(status_code) or (ServerError if status_code >= 500 else _from_message(message))
+    if "overloaded" in message.lower():  # Triton 2.51's generate endpoints answer every error with 400
+        kind = OverloadedError
     return kind(message, str(status_code))
 
 
@@ -94,6 +96,8 @@ def from_triton(error: Exception) -> GlmError:
         if code.isdigit():
             return from_http(int(code), message)
         kind = _GRPC_STATUS.get(code) or _from_message(message)
+        if code == "UNAVAILABLE" and "overloaded" in message.lower():  # the engine's admission limit, not a dead server
+            kind = OverloadedError
         return kind(message, status or None)
     if isinstance(error, (ConnectionError, OSError)):
         return ServerUnavailableError(str(error))

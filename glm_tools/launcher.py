@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
+import re
 import shutil
 import signal
 import socket
@@ -89,6 +90,23 @@ def server_env(model_dir: str | None, bundled: bool = True) -> dict[str, str]:
     if model_dir:
         env["GLM_MODEL_DIR"] = os.path.abspath(model_dir)
     return env
+
+
+def model_repository_with(engine_parameters: dict[str, str], directory: str) -> str:
+    """A copy of the model repository in `directory` whose glm config.pbtxt has these engine parameters instead;
+    returns its path. For servers with other engine settings (the tests' small limits, benchmarks)."""
+    repository = os.path.join(directory, "model_repository")
+    shutil.copytree(MODEL_REPOSITORY, repository)
+    config_path = os.path.join(repository, "glm", "config.pbtxt")
+    with open(config_path) as f:
+        config = f.read()
+    for key, value in engine_parameters.items():
+        config, found = re.subn(rf'(key: "{key}", value: {{ string_value: )"[^"]*"', rf'\1"{value}"', config)
+        if not found:
+            raise ValueError(f"glm's config.pbtxt has no parameter {key!r}")
+    with open(config_path, "w") as f:
+        f.write(config)
+    return repository
 
 
 def free_port() -> int:

@@ -22,7 +22,8 @@ from locust import HttpUser, User, between, events, task
 grpc.experimental.gevent.init_gevent()
 
 from clients.client import event_piece  # noqa: E402
-from loadtests.prompts import REQUEST_NAMES, RequestMix, parse_range  # noqa: E402
+from clients.errors import OverloadedError  # noqa: E402
+from loadtests.prompts import OVERLOADED, REQUEST_NAMES, RequestMix, parse_range  # noqa: E402
 
 MODEL = "ensemble"
 _user_numbers = itertools.count()
@@ -55,6 +56,11 @@ def _stop_after_max_requests(environment, **kwargs):
             environment.runner.quit()
 
 
+def is_overloaded(error) -> bool:
+    """Whether an error (an exception, or an HTTP error body) is the server refusing a request as overloaded."""
+    return isinstance(error, OverloadedError) or (error is not None and "the server is overloaded" in str(error))
+
+
 class GlmUser(User):
     abstract = True
     wait_time = between(0, 0.05)
@@ -69,6 +75,8 @@ class GlmUser(User):
                                                                 ("top_p", options.top_p, 1.0)) if value != default}
 
     def record(self, request_type: str, name: str, started: float, output_tokens: int, error: Exception | None):
+        if is_overloaded(error):
+            name, error = name + OVERLOADED, None
         self.environment.events.request.fire(
             request_type=request_type, name=name, response_time=(time.perf_counter() - started) * 1000,
             response_length=output_tokens, exception=error, context={})
@@ -94,7 +102,11 @@ class HttpGenerateUser(HttpUser, GlmUser):
                               json={"text_input": request.prompt, "max_tokens": request.max_tokens,
                                     "exclude_input_in_output": True, **self.sampling}) as response:
             if response.status_code != 200:
-                response.failure(f"HTTP {response.status_code}: {response.text[:200]}")
+                if is_overloaded(response.text):
+                    response.request_meta["name"] += OVERLOADED
+                    response.success()
+                else:
+                    response.failure(f"HTTP {response.status_code}: {response.text[:200]}")
                 return
             response.request_meta["response_length"] = response.json().get("num_output_tokens", 0)
 

@@ -16,6 +16,9 @@ WORDS = ("the model reads a prompt and writes an answer one token at a time whil
 # The Locust entries that are whole requests (their content size is the output tokens); "<name> TTFT" and
 # "<name> ITL" hold the timings within them.
 REQUEST_NAMES = ("generate", "generate_stream", "grpc_stream")
+# A request the server refused as overloaded is its own entry, "<name> overloaded": not a failure, and not in the
+# latency figures of the requests it served.
+OVERLOADED = " overloaded"
 SYSTEM_PROMPT = ("You are a careful assistant. Answer in plain words, keep to the facts you are given, and say so "
                  "when you do not know. ") * 8
 

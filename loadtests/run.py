@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Headless Locust runs against a running server: one run per number of users, each writing Locust's CSV and
-HTML report; then a summary JSON (requests/s, output tokens/s, P50/P95/P99 of latency, TTFT and ITL, failures)
-and a PNG plot of latency and throughput against users, one line per label (use --compare to add the summary of
+HTML report; then a summary JSON (requests/s, output tokens/s, P50/P95/P99 of latency, TTFT and ITL, failures,
+requests refused as overloaded) and a PNG plot of latency and throughput against users, one line per label (use --compare to add the summary of
 an earlier run, e.g. with another max_queue_delay_microseconds or instance count).
 
     python loadtests/run.py --users 1,8,32 --run-time 60s --user-class HttpStreamUser --out loadtests/results
@@ -14,17 +14,19 @@ import csv
 import ipaddress
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
 import time
 from urllib.parse import urlparse
 
-from loadtests.prompts import REQUEST_NAMES
+from loadtests.prompts import OVERLOADED, REQUEST_NAMES
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 USER_CLASSES = ("HttpGenerateUser", "HttpStreamUser", "GrpcStreamUser")
+EXIT_GRACE_S = 30
 PERCENTILES = {"p50": "50%", "p95": "95%", "p99": "99%"}
 
 
@@ -48,12 +50,32 @@ def locust_run(args: argparse.Namespace, users: int, prefix: str) -> float:
     print(f"[loadtest] {args.label}: {users} user(s) of {', '.join(args.user_class)} for {args.run_time}...",
           flush=True)
     started = time.monotonic()
+    # Locust has been seen, rarely, not to exit once its reports were written (hundreds of gRPC streams under
+    # gevent): past its run time, stop timeout and a grace period, it is stopped, and its reports are used if whole.
+    limit = duration_s(args.run_time) + args.stop_timeout + EXIT_GRACE_S
+    try:
+        completed = subprocess.run(command, cwd=HERE, text=True, capture_output=True, timeout=limit)
+    except subprocess.TimeoutExpired:
+        if not os.path.exists(prefix + ".html"):  # the HTML report is written last
+            raise SystemExit(f"locust did not finish within {limit:.0f} s") from None
+        print(f"[loadtest] locust did not exit {EXIT_GRACE_S} s after its run; stopped it (its reports are whole)",
+              file=sys.stderr, flush=True)
+        return time.monotonic() - started
     # Locust exits 1 when a request failed; the summary reports failures, so that is not an error here.
-    completed = subprocess.run(command, cwd=HERE, text=True, capture_output=True)
     if completed.returncode not in (0, 1) or not os.path.exists(prefix + "_stats.csv"):
         sys.stderr.write(completed.stdout[-3000:] + completed.stderr[-3000:])
         raise SystemExit(f"locust failed (exit {completed.returncode})")
     return time.monotonic() - started
+
+
+def duration_s(text: str) -> float:
+    """Locust's run-time syntax (90, 40s, 2m, 1h30m) in seconds."""
+    if text.isdigit():
+        return float(text)
+    parts = re.findall(r"(\d+)\s*([hms])", text)
+    if not parts:
+        raise SystemExit(f"--run-time: cannot read {text!r} (e.g. 40s, 2m, 1h30m)")
+    return float(sum(int(number) * {"h": 3600, "m": 60, "s": 1}[unit] for number, unit in parts))
 
 
 def summarize(prefix: str, users: int, label: str, wall_s: float) -> dict:
@@ -74,6 +96,8 @@ def summarize(prefix: str, users: int, label: str, wall_s: float) -> dict:
     return {
         "label": label, "users": users, "wall_s": round(wall_s, 1), "requests": count,
         "failures": sum(int(r["Failure Count"]) for r in rows.values() if r["Name"] != "Aggregated"),
+        "overloaded": sum(int(rows[name + OVERLOADED]["Request Count"])
+                          for name in REQUEST_NAMES if name + OVERLOADED in rows),
         "requests_per_s": round(sum(float(r["Requests/s"]) for r in requests), 3),
         "output_tokens_per_s": round(sum(float(r["Requests/s"]) * float(r["Average Content Size"])
                                          for r in requests), 1),
@@ -92,10 +116,11 @@ def print_table(runs: list[dict]) -> None:
         values = summary[key]
         return "-" if values is None else f"{values['p50']:.0f}/{values['p95']:.0f}/{values['p99']:.0f}"
 
-    print(f"{'label':<16}{'users':>6}{'reqs':>7}{'fail':>6}{'req/s':>8}{'tok/s':>8}"
+    print(f"{'label':<16}{'users':>6}{'reqs':>7}{'fail':>6}{'503':>6}{'req/s':>8}{'tok/s':>8}"
           f"  {'latency ms P50/95/99':<22}{'TTFT ms P50/95/99':<20}{'ITL ms P50/95/99':<18}")
     for s in runs:
-        print(f"{s['label']:<16}{s['users']:>6}{s['requests']:>7}{s['failures']:>6}{s['requests_per_s']:>8.2f}"
+        print(f"{s['label']:<16}{s['users']:>6}{s['requests']:>7}{s['failures']:>6}{s.get('overloaded', 0):>6}"
+              f"{s['requests_per_s']:>8.2f}"
               f"{s['output_tokens_per_s']:>8.1f}  {p(s, 'latency_ms'):<22}{p(s, 'ttft_ms'):<20}{p(s, 'itl_ms'):<18}")
 
 

@@ -4,7 +4,6 @@ The helpers behind them live in tests/support/."""
 from __future__ import annotations
 
 import os
-import sys
 
 # Triton-language kernels run on the CPU through Triton's interpreter in tests. Triton reads this when it is
 # imported and when a kernel runs, so it is set for the whole session, before anything imports triton. It stays
@@ -13,9 +12,9 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
 from support.checkpoints import make_tiny_checkpoint  # noqa: E402
+from support.server import running_server  # noqa: E402
 
 from glm_tools.demo_model import build_demo_model  # noqa: E402
-from glm_tools.launcher import TritonServer, free_port  # noqa: E402
 
 
 @pytest.fixture(scope="session", params=["glm", "glm4"])
@@ -32,16 +31,5 @@ def demo_model_dir(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def triton_server(demo_model_dir, tmp_path_factory):
     """The real tritonserver on free ports, serving the demo checkpoint, for the whole session."""
-    log_path = str(tmp_path_factory.mktemp("triton") / "tritonserver.log")
-    server = TritonServer(free_port(), free_port(), free_port(), model_dir=demo_model_dir, log_path=log_path,
-                          extra_env={"OMP_NUM_THREADS": "2"})
-    server.start()
-    try:
-        server.wait_ready()
-    except Exception:
-        server.stop()
-        with open(log_path) as f:
-            sys.stderr.write(f.read()[-5000:])
-        raise
-    yield server
-    server.stop()
+    with running_server(demo_model_dir, str(tmp_path_factory.mktemp("triton"))) as server:
+        yield server

@@ -52,3 +52,12 @@ def test_bench_output_processor_times_stop_strings_against_a_baseline(demo_model
     assert all(row["streaming_us"] > 0 and row["single_us"] > 0 for row in written["output_processor"])
     assert len(written["stop_string_filter"]) == 6
     assert all(row["current_us"] > 0 and row["baseline_us"] > 0 for row in written["stop_string_filter"])
+
+
+def test_bench_burst_reports_served_and_refused_requests(demo_model_dir, tmp_path):
+    out = tmp_path / "burst.json"
+    run_script("bench_burst.py", "--model-dir", demo_model_dir, "--requests", "12", "--max-tokens", "64",
+               "--max-num-seqs", "1", "--max-waiting-requests", "1", "--no-baseline", "--json", str(out))
+    (summary,) = json.loads(out.read_text()).values()
+    assert summary["served"]["count"] + summary["refused"]["count"] == 12 and not summary["other_errors"]
+    assert summary["served"]["count"] >= 1 and summary["refused"]["count"] >= 1

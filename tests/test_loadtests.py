@@ -12,6 +12,7 @@ import pytest
 from support import REPO
 
 from loadtests.prompts import SYSTEM_PROMPT, RequestMix, parse_range
+from loadtests.run import duration_s
 
 pytestmark = pytest.mark.integration
 
@@ -54,6 +55,12 @@ def test_a_short_headless_run_of_every_user_class(triton_server, tmp_path):
     for suffix in ("_stats.csv", ".html"):
         assert (out / f"smoke-u3{suffix}").stat().st_size > 0
     assert (out / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_runner_reads_locusts_run_time():
+    assert [duration_s(text) for text in ("90", "40s", "2m", "1h30m")] == [90, 40, 120, 5400]
+    with pytest.raises(SystemExit):
+        duration_s("soon")
 
 
 def test_the_runner_stays_on_loopback(tmp_path):

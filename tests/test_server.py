@@ -506,7 +506,8 @@ def test_an_ensemble_stream_is_stopped_by_a_stop_request_naming_its_id(triton_se
         if result.get_response().parameters["triton_final_response"].bool_param:
             break
     client.stop_stream()
-    assert reasons[-1] == "cancelled" and len(reasons) < 100
+    # Cut short of its 2,000 tokens; how many came before the stop depends on the machine's load (over 100 was seen).
+    assert reasons[-1] == "cancelled" and len(reasons) < 1000
     assert wait_for(lambda: metric(metrics(triton_server), "glm_kv_blocks_used") == 0, timeout=5)
     # Stopping what has finished (or never ran) is not an error.
     response = requests.post(f"http://{triton_server.http_url}/v2/models/glm/generate",

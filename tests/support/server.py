@@ -1,10 +1,37 @@
-"""Talking to a running tritonserver from the tests: its Prometheus samples, waiting on a condition."""
+"""Running a tritonserver for the tests and talking to it: its Prometheus samples, waiting on a condition."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import time
 
 import requests
+
+from glm_tools.launcher import MODEL_REPOSITORY, TritonServer, free_port, model_repository_with
+
+
+@contextlib.contextmanager
+def running_server(model_dir: str, work_dir: str, engine_parameters: dict[str, str] | None = None):
+    """The real tritonserver on free ports, serving model_dir, its log in work_dir; with engine_parameters, from a
+    copy of the model repository in work_dir whose glm config.pbtxt has those parameters instead."""
+    repository = model_repository_with(engine_parameters, work_dir) if engine_parameters else MODEL_REPOSITORY
+    log_path = os.path.join(work_dir, "tritonserver.log")
+    server = TritonServer(free_port(), free_port(), free_port(), model_dir=model_dir, log_path=log_path,
+                          model_repository=repository, extra_env={"OMP_NUM_THREADS": "2"})
+    server.start()
+    try:
+        server.wait_ready()
+    except Exception:
+        server.stop()
+        with open(log_path) as f:
+            sys.stderr.write(f.read()[-5000:])
+        raise
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def metrics(server) -> dict[str, float]:
@@ -22,10 +49,10 @@ def metric(samples: dict[str, float], name: str, **labels) -> float:
     return matches[0]
 
 
-def wait_for(condition, timeout=15.0):
+def wait_for(condition, timeout=15.0, interval=0.2):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if condition():
             return True
-        time.sleep(0.2)
+        time.sleep(interval)
     return False

@@ -131,6 +131,14 @@ class EngineConfig:
     cpu_threads: int = 0
     # Seeds requests that give no seed of their own.
     seed: int = 0
+    # Admission: a request that would make more than this many requests wait to join the batch (beyond those about to
+    # take its free places) is refused at once as overloaded (HTTP 503); 0: no limit. Continuous batching takes every request off Triton's queue at once, so
+    # Triton's own queue policy never sees a backlog: this is where it is bounded.
+    max_waiting_requests: int = 128
+    # Likewise for the tokens of the waiting requests' prompts (what they will cost to prefill); 0: no limit.
+    max_waiting_tokens: int = 0
+    # A request that has waited this long without joining the batch fails as overloaded; 0: no limit.
+    max_queue_time_s: float = 0.0
 
     @classmethod
     def from_parameters(cls, parameters: dict[str, str]) -> "EngineConfig":
@@ -155,8 +163,10 @@ class EngineConfig:
         for name in ("max_num_seqs", "max_num_batched_tokens", "default_max_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.num_kv_blocks < 0 or self.max_model_len < 0 or self.cuda_graph_max_batch < 0:
-            raise ValueError("num_kv_blocks, max_model_len and cuda_graph_max_batch must not be negative")
+        for name in ("num_kv_blocks", "max_model_len", "cuda_graph_max_batch", "max_waiting_requests",
+                     "max_waiting_tokens", "max_queue_time_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must lie in (0, 1], got {self.gpu_memory_utilization}")
         if self.attention_backend not in ("auto", "torch", "triton"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from dataclasses import dataclass
 
 from .block_pool import BlockPool
@@ -15,6 +16,11 @@ from .scheduler import ScheduledSequence, Scheduler, SchedulerOutput
 from .sequence import FinishReason, Sequence
 
 log = logging.getLogger(__name__)
+
+
+class Overloaded(Exception):
+    """A request refused, or ended, because the engine has more waiting than its admission limits allow: retrying
+    later may succeed (HTTP 503 through Triton)."""
 
 
 @dataclass
@@ -31,6 +37,8 @@ class RequestOutput:
     # With SamplingParams.logprobs: the log-probability of each new token, and of the whole output so far.
     new_logprobs: list[float] | None = None
     cumulative_logprob: float | None = None
+    # With `error`: the request failed because the engine was overloaded, not because of the request or a fault.
+    overloaded: bool = False
 
 
 @dataclass
@@ -46,6 +54,7 @@ class EngineStats:
     prefix_hit_tokens: int
     prompt_tokens: int
     generated_tokens: int
+    refused: int  # requests refused at admission or ended by the queue time limit
 
 
 class LLMEngine:
@@ -62,6 +71,7 @@ class LLMEngine:
         self._seed_source = random.Random(config.seed)
         self.num_prompt_tokens = 0
         self.num_generated_tokens = 0
+        self.num_refused = 0
 
     # -- requests -------------------------------------------------------------------------------------------
     def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
@@ -84,6 +94,25 @@ class LLMEngine:
         if self.pool.blocks_for(total) > self.pool.num_blocks:
             raise ValueError(f"the prompt plus max_tokens needs {self.pool.blocks_for(total)} KV blocks, "
                              f"more than the whole cache ({self.pool.num_blocks})")
+
+    def check_admission(self, num_prompt_tokens: int, queued_requests: int = 0, queued_tokens: int = 0) -> None:
+        """Raise Overloaded if one more request of num_prompt_tokens would pass max_waiting_requests or
+        max_waiting_tokens. queued_*: requests on their way to add_request (the engine thread's inbox). Reads
+        counters only: safe from any thread. (The token limit counts every waiting prompt: it bounds prefill work.)"""
+        config = self.config
+        # Those that will take the batch's free places at the next step do not wait.
+        free_places = max(0, config.max_num_seqs - len(self.scheduler.running))
+        waiting = max(0, len(self.scheduler.waiting) + queued_requests - free_places)
+        tokens = self.scheduler.waiting_tokens + queued_tokens
+        if config.max_waiting_requests and waiting >= config.max_waiting_requests:
+            reason = f"{waiting} requests are waiting to start (max_waiting_requests {config.max_waiting_requests})"
+        elif config.max_waiting_tokens and tokens and tokens + num_prompt_tokens > config.max_waiting_tokens:
+            reason = (f"{tokens} prompt tokens are waiting to be computed (max_waiting_tokens "
+                      f"{config.max_waiting_tokens})")
+        else:
+            return
+        self.num_refused += 1
+        raise Overloaded(f"the server is overloaded: {reason}; retry later")
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
         if request_id in self.sequences:
@@ -115,13 +144,30 @@ class LLMEngine:
 
     # -- the loop -------------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        expired = self._expire_waiting()
         step = self.scheduler.schedule()
         if not step.scheduled:
-            return []
+            return expired
         uniforms = dict(zip(step.sampling, draw_uniforms(step.sampling)))
         sampled, failed = self._execute(step.scheduled, uniforms)
         outputs = [self._fail(seq, message) for seq, message in failed.items()]
-        return outputs + self._apply(step, sampled)
+        return expired + outputs + self._apply(step, sampled)
+
+    def _expire_waiting(self) -> list[RequestOutput]:
+        """End the requests that have waited max_queue_time_s without joining the batch (a preempted one has)."""
+        limit = self.config.max_queue_time_s
+        if not limit:
+            return []
+        now = time.monotonic()
+        expired = [seq for seq in self.scheduler.waiting if not seq.started and now - seq.arrival_time > limit]
+        outputs = []
+        for seq in expired:
+            self.num_refused += 1
+            output = self._fail(seq, f"the server is overloaded: the request waited {now - seq.arrival_time:.1f} s "
+                                     f"without starting (max_queue_time_s {limit:g}); retry later")
+            output.overloaded = True
+            outputs.append(output)
+        return outputs
 
     def _execute(self, items: list[ScheduledSequence], uniforms: dict[Sequence, float | None]
                  ) -> tuple[dict[Sequence, tuple[int, float | None]], dict[Sequence, str]]:
@@ -145,7 +191,8 @@ class LLMEngine:
         sampled, failed = {}, {}
         for seq, token, logprob in zip(part.sampling, tokens, logprobs):
             if token < 0:
-                failed[seq] = "the model's logits for this request were not finite: no token could be sampled"
+                failed[seq] = ("no token could be sampled: the model's logits for this request were not finite, or "
+                               "its bans (bad words, min_tokens) left no token")
             else:
                 sampled[seq] = (token, logprob)
         return sampled, failed
@@ -213,6 +260,7 @@ class LLMEngine:
             prefix_hit_tokens=self.scheduler.prefix_hit_tokens,
             prompt_tokens=self.num_prompt_tokens,
             generated_tokens=self.num_generated_tokens,
+            refused=self.num_refused,
         )
 
     # -- offline use ----------------------------------------------------------------------------------------

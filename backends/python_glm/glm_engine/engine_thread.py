@@ -32,6 +32,9 @@ class EngineThread:
         self._on_step = on_step
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._callbacks: dict[str, OutputCallback] = {}
+        # Requests submitted and not yet added to the engine, which admission counts as waiting.
+        self._queued_lock = threading.Lock()
+        self._queued_requests = self._queued_tokens = 0
         self._stopping = False
         self.engine: LLMEngine | None = None
         build_error: queue.SimpleQueue = queue.SimpleQueue()
@@ -44,8 +47,13 @@ class EngineThread:
 
     def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                on_output: OutputCallback) -> None:
-        """Queue a request. Raises ValueError at once, on the caller's thread, if it can never be served."""
+        """Queue a request. Raises at once, on the caller's thread: ValueError if it can never be served, Overloaded
+        if the engine's admission limits refuse it now."""
         self.engine.check_request(prompt_token_ids, params)
+        with self._queued_lock:
+            self.engine.check_admission(len(prompt_token_ids), self._queued_requests, self._queued_tokens)
+            self._queued_requests += 1
+            self._queued_tokens += len(prompt_token_ids)
         self._inbox.put(("add", request_id, prompt_token_ids, params, on_output))
 
     def abort(self, request_id: str) -> None:
@@ -90,6 +98,9 @@ class EngineThread:
         kind = message[0]
         if kind == "add":
             _, request_id, prompt, params, on_output = message
+            with self._queued_lock:
+                self._queued_requests -= 1
+                self._queued_tokens -= len(prompt)
             try:
                 self.engine.add_request(request_id, prompt, params)
             except ValueError as exc:

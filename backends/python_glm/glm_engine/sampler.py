@@ -27,8 +27,9 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], uniforms: list[float | No
     that asked (None for the others). Penalties adjust `logits` in place.
 
     `uniforms`: each row's number for its draw (draw_uniforms); drawn here when not given. A row whose logits hold
-    no finite maximum (NaN or infinite: a broken forward pass for that sequence) gets the token -1, so that the
-    engine fails that request alone; every setting in its documented range gives a token in the vocabulary."""
+    no finite maximum (NaN or infinite: a broken forward pass for that sequence; or every token banned) gets the
+    token -1, so that the engine fails that request alone; every setting in its documented range gives a token in
+    the vocabulary."""
     adjust_logits(logits, seqs)
     row_max = logits.amax(dim=-1, keepdim=True)  # NaN if any logit of the row is
     if uniforms is None:

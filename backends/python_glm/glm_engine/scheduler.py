@@ -56,6 +56,7 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
+        self.waiting_tokens = 0  # the tokens of the waiting sequences, which they will compute on joining
         self.running: list[Sequence] = []  # oldest first
         self.num_preemptions = 0
         # Prompt tokens looked up in the prefix cache at admission, and how many of them were found there.
@@ -64,6 +65,7 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
+        self.waiting_tokens += seq.num_tokens
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -104,7 +106,9 @@ class Scheduler:
             self.prefix_queried_tokens += seq.num_tokens
             self.prefix_hit_tokens += hit
             self.waiting.popleft()
+            self.waiting_tokens -= seq.num_tokens
             seq.status = SequenceStatus.RUNNING
+            seq.started = True
             self.running.append(seq)
             scheduled.append(self._schedule(seq, num_new))
             budget -= num_new
@@ -132,6 +136,7 @@ class Scheduler:
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
+        self.waiting_tokens += seq.num_tokens
         self.num_preemptions += 1
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
@@ -140,6 +145,7 @@ class Scheduler:
             self.running.remove(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
+            self.waiting_tokens -= seq.num_tokens
         self.pool.free(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import random
+import time
 from dataclasses import dataclass, field
 
 from .sampling_params import SamplingParams
@@ -40,6 +41,8 @@ class Sequence:
     block_hashes: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     cumulative_logprob: float = 0.0
+    arrival_time: float = field(default_factory=time.monotonic)
+    started: bool = False  # it has joined the running batch at least once (a preempted one waits again)
     # The sampler's draws; kept across preemption, so recomputing a sequence does not change what it samples.
     rng: random.Random = field(init=False, repr=False)
 

@@ -5,6 +5,7 @@ Streaming goes through the `ensemble`."""
 
 from __future__ import annotations
 
+import logging
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -15,6 +16,8 @@ from glm_engine.tokenizer import GlmTokenizer
 from .common import CODE_IN_MESSAGE, InputError, check_prompt, cut_to_text_length, error_from_callee, \
     error_response, internal_error, optional_scalar, required_array, resolve_model_dir, text_of
 from .request_schema import INPUTS_BY_NAME
+
+log = logging.getLogger(__name__)
 
 # Every input but text_input and stream goes to glm, under its glm name (the ensemble's mapping), so what bls
 # accepts is what its config.pbtxt declares.
@@ -27,11 +30,22 @@ class Bls:
     def __init__(self, args: dict, parameters: dict[str, str]):
         self.tokenizer = GlmTokenizer(resolve_model_dir(parameters, args))
         self.engine_model = parameters.pop("engine_model", "glm")
-        # execute() gets a dynamic batch; each request waits on the engine, so they wait side by side.
-        self.pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="bls")
+        # execute() gets a dynamic batch; each request waits on the engine in a thread of its own, so they wait side
+        # by side. Enough threads that the engine's admission limit, not this pool, decides who waits.
+        self.pool = ThreadPoolExecutor(max_workers=256, thread_name_prefix="bls")
 
     def execute(self, requests):
-        return list(self.pool.map(self._one, requests))
+        # Each request answers through its own response sender as soon as it is done (Triton 2.51 allows this in a
+        # non-decoupled model), so that a short request, or a refused one, never waits for the longest of its batch.
+        for request in requests:
+            self.pool.submit(self._answer_alone, request, request.get_response_sender())
+        return None
+
+    def _answer_alone(self, request, sender) -> None:
+        try:
+            sender.send(self._one(request), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception:  # the client went away
+            log.exception("sending a bls response failed")
 
     def _one(self, request):
         try:

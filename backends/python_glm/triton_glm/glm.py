@@ -11,7 +11,7 @@ import threading
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from glm_engine import EngineConfig, EngineThread, LLMEngine, RequestOutput, SamplingParams
+from glm_engine import EngineConfig, EngineThread, LLMEngine, Overloaded, RequestOutput, SamplingParams
 from glm_engine.output_processor import OutputProcessor, Response
 from glm_engine.tokenizer import GlmTokenizer
 
@@ -57,6 +57,9 @@ class GlmEngineModel:
             except ValueError as exc:  # InputError, or the engine's own checks
                 sender.send(error_response(str(exc), code_in_message=code_in_message),
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            except Overloaded as exc:  # refused at admission, in no time: HTTP 503, gRPC UNAVAILABLE
+                sender.send(error_response(str(exc), "UNAVAILABLE", code_in_message),
+                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             except Exception:
                 sender.send(internal_error("reading a glm request", code_in_message),
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -78,7 +81,7 @@ class GlmEngineModel:
             self._running.setdefault(client_id, set()).add(engine_id)
         try:
             self.engine_thread.submit(engine_id, prompt, params, on_output)
-        except ValueError:
+        except Exception:  # refused: it will never run
             self._forget(client_id, engine_id)
             raise
 
@@ -179,7 +182,8 @@ class ResponseStream:
             self.metrics.record(update.latencies, update.finish_reason)
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         if update.error is not None:
-            self.send(self.sender, error_response(update.error, "INTERNAL", self.code_in_message), final)
+            code = "UNAVAILABLE" if update.overloaded else "INTERNAL"
+            self.send(self.sender, error_response(update.error, code, self.code_in_message), final)
         elif update.close:
             self.send(self.sender, None, final)
         elif update.response is not None:

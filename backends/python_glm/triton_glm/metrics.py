@@ -23,6 +23,7 @@ COUNTERS = {
     "prefix_hit_tokens": ("glm_prefix_cache_hit_tokens_total", "Prompt tokens found in the prefix cache"),
     "prompt_tokens": ("glm_prompt_tokens_total", "Prompt tokens of accepted requests"),
     "generated_tokens": ("glm_generation_tokens_total", "Tokens generated"),
+    "refused": ("glm_requests_refused_total", "Requests refused as overloaded, at admission or after waiting"),
 }
 HISTOGRAMS = {
     "ttft": ("glm_time_to_first_token_seconds", "From request arrival to its first generated token"),
