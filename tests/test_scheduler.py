@@ -155,5 +155,6 @@ def test_random_workloads_keep_every_budget_and_finish(prompts, num_blocks, bloc
                 scheduler.finish(seq, FinishReason.LENGTH)
                 finished += 1
         pool.check_invariants(scheduler.live_sequences())
+        assert scheduler.waiting_tokens == sum(seq.num_tokens for seq in scheduler.waiting)  # admission reads it
     assert finished == len(prompts)
     assert pool.num_free_blocks == pool.num_blocks
