@@ -37,7 +37,7 @@ class RequestTimeoutError(GlmError):
 
 
 class ServerUnavailableError(GlmError):
-    """No server answers at that address."""
+    """No server answers at that address, or it is shutting down: retry later or on another replica."""
 
 
 class ServerError(GlmError):
@@ -59,6 +59,8 @@ def _from_message(message: str) -> type[GlmError]:
         return ModelNotReadyError
     if "maximum queue size" in lowered or "overloaded" in lowered:
         return OverloadedError
+    if "shutting down" in lowered:
+        return ServerUnavailableError
     if "cancelled" in lowered:
         return RequestCancelledError
     if lowered.startswith("engine failure") or "internal" in lowered:
@@ -82,6 +84,8 @@ def from_http(status_code: int, message: str) -> GlmError:
     kind = _HTTP_STATUS.get(status_code) or (ServerError if status_code >= 500 else _from_message(message))
     if "overloaded" in message.lower():  # Triton 2.51's generate endpoints answer every error with 400
         kind = OverloadedError
+    elif "shutting down" in message.lower():  # a draining server's 503 (or the generate endpoints' 400)
+        kind = ServerUnavailableError
     return kind(message, str(status_code))
 
 

@@ -5,23 +5,27 @@ docker-compose.yml, so all run the server the same way:
 
     python scripts/triton_server.py [--http-port 8000] [--grpc-port 8001] [--metrics-port 8002] [--model-dir DIR]
 
-It assembles a backend directory under .build/backends/ holding Triton's `python` backend (from the wheel) and
-this repository's `python_glm` backend, starts the server with the flags in `server_args`, waits for
-/v2/health/ready, and stops the server and its Python stub processes on Ctrl-C or SIGTERM.
+(glm_tools/supervisor.py's main, which keeps the server serving: restarts on a model process's death or a start
+that never gets ready). TritonServer assembles a backend directory under .build/backends/ holding Triton's `python`
+backend (from the wheel) and this repository's `python_glm` backend, starts the server with the flags in
+`server_args`, and on stop() drains the engine, stops the server and removes the shared memory its stubs left.
 """
 
 from __future__ import annotations
 
-import argparse
 import ctypes
+import glob
+import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -33,6 +37,18 @@ PROCESS_ONLY_ENV = ("TRITON_INTERPRET",)
 MODEL_REPOSITORY = os.path.join(REPO, "model_repository")
 BACKEND_SOURCE = os.path.join(REPO, "backends", "python_glm")
 BUILD_BACKENDS = os.path.join(REPO, ".build", "backends")
+# How long Triton waits on SIGTERM, for idle HTTP connections to close and then for requests in flight, before it
+# exits without unloading its models. stop() has drained the engine and unloaded the models by then.
+EXIT_TIMEOUT_S = 10
+# The header that the model-repository API (load, unload, index) requires, on HTTP and gRPC: only a caller that knows
+# the server's key (the launcher; an operator through GLM_ADMIN_KEY) can unload a model.
+ADMIN_KEY_HEADER = "glm-admin-key"
+ADMIN_KEY_ENV = "GLM_ADMIN_KEY"
+# On stop(), how long running requests may go on generating before they end with a retryable error.
+DRAIN_GRACE_S = 20.0
+DRAIN_FILE_ENV = "GLM_DRAIN_FILE"  # read by glm_engine.watchdog, which this package must not import (no torch here)
+STUB_NAME = "triton_python_b"  # the Python backend's stub processes, as /proc/PID/comm shows them (15 characters)
+SHM_PATTERN = "/dev/shm/triton_python*_shm_region_*"
 
 
 def pytriton_root() -> str:
@@ -62,9 +78,11 @@ def prepare_backend_dir(target: str = BUILD_BACKENDS) -> str:
     return target
 
 
-def server_args(http_port: int, grpc_port: int, metrics_port: int,
-                model_repository: str = MODEL_REPOSITORY, backend_dir: str = BUILD_BACKENDS) -> list[str]:
-    """The server's flags: the single place they are written down."""
+def server_args(http_port: int, grpc_port: int, metrics_port: int, model_repository: str = MODEL_REPOSITORY,
+                backend_dir: str = BUILD_BACKENDS, admin_key: str = "") -> list[str]:
+    """The server's flags: the single place they are written down. Models are loaded through the model-repository
+    API (all of them at the start), which only callers that send admin_key may use."""
+    restricted = f"model-repository:{ADMIN_KEY_HEADER}={admin_key}"
     return [
         f"--model-repository={model_repository}",
         f"--backend-directory={backend_dir}",
@@ -74,6 +92,11 @@ def server_args(http_port: int, grpc_port: int, metrics_port: int,
         "--allow-metrics=true",
         "--exit-on-error=true",
         "--strict-readiness=true",
+        f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
+        "--model-control-mode=explicit",
+        "--load-model=*",
+        f"--http-restricted-api={restricted}",
+        f"--grpc-restricted-protocol={restricted}",
         "--log-verbose=0",
     ]
 
@@ -127,13 +150,18 @@ class TritonServer:
     """A running tritonserver process group; a context manager that always stops it."""
 
     def __init__(self, http_port=8000, grpc_port=8001, metrics_port=8002, model_dir=None,
-                 model_repository=MODEL_REPOSITORY, log_path=None, extra_env=None, installed_server=None):
+                 model_repository=MODEL_REPOSITORY, log_path=None, extra_env=None, installed_server=None,
+                 drain_grace_s=DRAIN_GRACE_S):
         self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
         self.model_dir, self.model_repository, self.log_path = model_dir, model_repository, log_path
         self.extra_env = extra_env or {}
         # (binary, backend directory) of an installed Triton (the NGC image); None: the one in nvidia-pytriton.
         self.installed_server = installed_server
+        self.drain_grace_s = drain_grace_s
+        self.admin_key = os.environ.get(ADMIN_KEY_ENV) or secrets.token_hex(16)
         self.process: subprocess.Popen | None = None
+        self._run_dir: str | None = None  # holds the drain file
+        self._shm_regions: set[str] = set()  # the Python backend's shared-memory files this server has mapped
 
     @property
     def http_url(self) -> str:
@@ -143,14 +171,19 @@ class TritonServer:
     def grpc_url(self) -> str:
         return f"localhost:{self.grpc_port}"
 
+    @property
+    def drain_file(self) -> str:
+        return os.path.join(self._run_dir, "drain")
+
     def start(self) -> "TritonServer":
         if self.installed_server:
             binary, backend_dir = self.installed_server
         else:
             binary, backend_dir = os.path.join(pytriton_root(), "bin", "tritonserver"), prepare_backend_dir()
-        env = server_env(self.model_dir, bundled=not self.installed_server)
+        self._run_dir = tempfile.mkdtemp(prefix="glm-server-")
+        env = {**server_env(self.model_dir, bundled=not self.installed_server), DRAIN_FILE_ENV: self.drain_file}
         command = [binary, *server_args(self.http_port, self.grpc_port, self.metrics_port, self.model_repository,
-                                        backend_dir)]
+                                        backend_dir, self.admin_key)]
         output = open(self.log_path, "w") if self.log_path else None
         # A session of its own, so stopping it also stops the Python stub processes it started.
         self.process = subprocess.Popen(command, env={**env, **self.extra_env},
@@ -172,24 +205,120 @@ class TritonServer:
                 raise RuntimeError(f"tritonserver exited with code {self.process.returncode} before it was ready"
                                    + (f"; see {self.log_path}" if self.log_path else ""))
             if self.is_ready():
+                self.shm_regions()
                 return
             time.sleep(0.5)
         raise TimeoutError(f"tritonserver not ready after {timeout:.0f}s")
 
-    def stop(self, timeout: float = 30.0) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        os.killpg(self.process.pid, signal.SIGTERM)  # Triton finishes in-flight requests, then unloads models
+    def stub_processes(self) -> dict[int, str]:
+        """The server's live Python stub processes: pid -> the model it runs (from the model.py path it was given)."""
+        stubs = {}
+        for proc in glob.glob("/proc/[0-9]*"):
+            pid = int(proc[6:])
+            try:
+                with open(f"{proc}/comm") as f:
+                    if f.read().strip() != STUB_NAME or os.getpgid(pid) != self.process.pid:
+                        continue
+                with open(f"{proc}/cmdline", "rb") as f:
+                    argv = f.read().decode(errors="replace").split("\0")
+            except (OSError, ValueError):  # it exited meanwhile
+                continue
+            if len(argv) > 1:  # a dead one not yet reaped (a zombie) has no command line
+                # argv[1] is <repository>/<model>/<version>/model.py
+                stubs[pid] = os.path.basename(os.path.dirname(os.path.dirname(argv[1])))
+        return stubs
+
+    def shm_regions(self) -> set[str]:
+        """The shared-memory regions the server has mapped so far (adding those mapped now): kill() removes any that
+        are left behind."""
         try:
-            self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-        finally:
-            try:  # stubs that outlived the server
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
+            with open(f"/proc/{self.process.pid}/maps") as f:
+                self._shm_regions |= {line.split()[-1] for line in f if "/dev/shm/triton_python" in line}
+        except OSError:
+            pass
+        return set(self._shm_regions)
+
+    def repository(self, path: str = "index") -> list | None:
+        """POST /v2/repository/<path> with the admin key: the index (each model's state), or a load or unload;
+        None if the server does not answer."""
+        request = urllib.request.Request(f"http://{self.http_url}/v2/repository/{path}", data=b"{}", method="POST",
+                                         headers={ADMIN_KEY_HEADER: self.admin_key})
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                body = response.read()
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return None
+        return json.loads(body) if body else []
+
+    def engine_requests(self) -> int | None:
+        """Requests running or waiting in the glm engines, from the metrics endpoint; None if it cannot be read."""
+        try:
+            with urllib.request.urlopen(f"http://localhost:{self.metrics_port}/metrics", timeout=2) as response:
+                text = response.read().decode()
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return None
+        return sum(int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
+                   if line.startswith(("glm_num_requests_running{", "glm_num_requests_waiting{")))
+
+    def drain(self) -> None:
+        """Ask the engines to drain (glm_engine.watchdog) and wait until they hold no request: those still running
+        after drain_grace_s end with a retryable error."""
+        self.shm_regions()
+        with open(self.drain_file, "w") as f:
+            f.write(f"{self.drain_grace_s:g}")
+        deadline = time.monotonic() + self.drain_grace_s + 5  # the watchdog's poll, the last step, the metrics
+        while time.monotonic() < deadline and self.process.poll() is None:
+            if not self.engine_requests():  # 0, or metrics unreadable
+                return
+            time.sleep(0.2)
+
+    def unload_models(self, timeout: float = EXIT_TIMEOUT_S) -> None:
+        """Unload every model and wait until none is left: their finalize runs, their stub processes exit and remove
+        their shared memory. (Triton's own shutdown first waits up to its exit timeout for clients to close idle
+        HTTP connections, and then has no time left to unload anything.) A model that a request Triton never ends
+        keeps loaded (an ensemble stream whose client went away: docs/operations.md#disconnects) is given up on
+        after `timeout`; kill() removes what its stub leaves."""
+        index = self.repository() or []
+        for entry in index:
+            self.repository(f"models/{entry['name']}/unload")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.process.poll() is None:
+            index = self.repository()
+            if index is None or all(entry.get("state") not in ("READY", "UNLOADING", "LOADING") for entry in index):
+                return
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        """Drain, unload the models, then SIGTERM; a server that is left waiting only for idle client connections
+        is killed after a few seconds, as nothing of it needs cleaning up any more."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.drain()
+            self.unload_models()
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=3)
+            except subprocess.TimeoutExpired:
                 pass
+        self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL the server and its stubs at once (a server that has failed), then remove what they left."""
+        if self.process is None:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait()
+        for region in self._shm_regions:  # a stub that did not finalize leaves its region behind
+            try:
+                os.unlink(region)
+            except FileNotFoundError:
+                pass
+        if self._run_dir:
+            shutil.rmtree(self._run_dir, ignore_errors=True)
 
     def __enter__(self):
         return self.start()
@@ -198,52 +327,19 @@ class TritonServer:
         self.stop()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Run tritonserver on Open-AutoGLM's model repository.")
-    parser.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
-    parser.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
-    parser.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
-    parser.add_argument("--model-dir", default=os.environ.get("GLM_MODEL_DIR"),
-                        help="GLM checkpoint to serve (default: model_dir in the models' config.pbtxt)")
-    parser.add_argument("--model-repository", default=MODEL_REPOSITORY)
-    parser.add_argument("--installed-triton", metavar="DIR",
-                        help="use an installed Triton (e.g. /opt/tritonserver in the NGC image) instead of the one in "
-                             "nvidia-pytriton; its backends/ folder must hold python_glm")
-    args = parser.parse_args(argv)
-
-    installed = None
-    if args.installed_triton:
-        installed = (os.path.join(args.installed_triton, "bin", "tritonserver"),
-                     os.path.join(args.installed_triton, "backends"))
-    server = TritonServer(args.http_port, args.grpc_port, args.metrics_port, args.model_dir, args.model_repository,
-                          installed_server=installed)
-    stop_requested = []
-    # Explicit handlers: a launcher started in the background inherits SIGINT as ignored, and Ctrl-C must work.
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop_requested.append(True))
-    print(f"[serve] starting tritonserver (HTTP {args.http_port}, gRPC {args.grpc_port}, "
-          f"metrics {args.metrics_port})...", flush=True)
-    started = time.monotonic()
-    server.start()
-    try:
-        while not (stop_requested or server.is_ready()):
-            if server.process.poll() is not None:
-                print(f"[serve] tritonserver exited with code {server.process.returncode} before it was ready; "
-                      "its log is above", file=sys.stderr, flush=True)
-                return 1
-            time.sleep(0.5)
-        if not stop_requested:
-            print(f"""
-[serve] ready in {time.monotonic() - started:.0f}s. Try:
-  curl -s -X POST localhost:{args.http_port}/v2/models/ensemble/generate \\
-       -d '{{"text_input": "Hello, GLM", "max_tokens": 32}}'
-  curl -s -N -X POST localhost:{args.http_port}/v2/models/ensemble/generate_stream \\
-       -d '{{"text_input": "Hello, GLM", "max_tokens": 32, "stream": true}}'
-  gRPC on localhost:{args.grpc_port}, Prometheus metrics on localhost:{args.metrics_port}/metrics.
-[serve] Ctrl-C stops the server.""", flush=True)
-        while not stop_requested and server.process.poll() is None:
-            time.sleep(0.5)
-    finally:
-        print("\n[serve] stopping tritonserver...", flush=True)
-        server.stop()
-    return 0 if server.process.returncode in (0, -signal.SIGTERM, -signal.SIGKILL) else server.process.returncode
+def remove_stale_shm_regions(min_age_s: float = 60.0) -> None:
+    """Remove the Python backend's shared-memory files that no process maps any more (a server killed before this
+    launcher could clean up after it); young ones may belong to a server that is starting."""
+    mapped = set()
+    for maps in glob.glob("/proc/[0-9]*/maps"):
+        try:
+            with open(maps) as f:
+                mapped |= {line.split()[-1] for line in f if "/dev/shm/triton_python" in line}
+        except OSError:
+            continue
+    for region in glob.glob(SHM_PATTERN):
+        try:
+            if region not in mapped and time.time() - os.stat(region).st_mtime > min_age_s:
+                os.unlink(region)
+        except OSError:  # another user's, or gone meanwhile
+            continue

@@ -61,3 +61,15 @@ def test_bench_burst_reports_served_and_refused_requests(demo_model_dir, tmp_pat
     (summary,) = json.loads(out.read_text()).values()
     assert summary["served"]["count"] + summary["refused"]["count"] == 12 and not summary["other_errors"]
     assert summary["served"]["count"] >= 1 and summary["refused"]["count"] >= 1
+
+
+def test_soak_samples_memory_and_engine_gauges_into_csv_json_and_a_plot(demo_model_dir, tmp_path):
+    out = tmp_path / "soak"
+    run_script("soak.py", "--model-dir", demo_model_dir, "--minutes", "0.2", "--interval", "3", "--users", "2",
+               "--reload-every", "0.1", "--out", str(out))
+    summary = json.loads((out / "soak.json").read_text())
+    assert {"tritonserver", "glm", "preprocessing", "postprocessing", "bls"} <= set(summary["rss"])
+    assert summary["samples"] >= 3 and summary["tokens"] > 0
+    header = (out / "soak.csv").read_text().splitlines()[0].split(",")
+    assert header[:2] == ["seconds", "rss_mb bls"] and "glm_kv_blocks_used" in header
+    assert (out / "soak.png").stat().st_size > 10_000

@@ -216,12 +216,16 @@ def test_status_codes_and_messages_map_to_error_kinds():
     assert isinstance(from_http(404, "Request for unknown model"), ModelNotReadyError)
     assert isinstance(from_http(503, "Exceeds maximum queue size"), OverloadedError)
     assert isinstance(from_http(500, "boom"), ServerError)
+    for status in (400, 503):  # a draining server, through the generate endpoints and /infer
+        assert isinstance(from_http(status, "the server is shutting down; retry on another replica"),
+                          ServerUnavailableError)
     grpc_error = from_triton(InferenceServerException("queue full", "StatusCode.RESOURCE_EXHAUSTED"))
     assert isinstance(grpc_error, OverloadedError) and grpc_error.message == "queue full"
     # Errors on Triton's gRPC stream come without a status: the kind is told from Triton's wording.
     for message, kind in (("Request for unknown model: 'x' is not found", ModelNotReadyError),
                           ("Exceeds maximum queue size", OverloadedError),
                           ("Request was cancelled", RequestCancelledError),
+                          ("the server is shutting down; retry on another replica", ServerUnavailableError),
                           ("engine failure: out of memory", ServerError),
                           ("in ensemble 'ensemble', top_p must lie in (0, 1], got 2.0", InvalidRequestError)):
         error = from_triton(InferenceServerException(message))

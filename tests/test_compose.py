@@ -12,6 +12,8 @@ import yaml
 
 from support import REPO
 
+from glm_tools.launcher import DRAIN_GRACE_S, EXIT_TIMEOUT_S
+
 NGC_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"  # Triton 2.51, the release inside nvidia-pytriton 0.7.0
 
 
@@ -75,6 +77,14 @@ def test_the_server_starts_through_the_shared_launcher(service):
 
 def test_health_check_asks_for_readiness(service):
     assert "/v2/health/ready" in " ".join(service["healthcheck"]["test"])
+
+
+def test_the_launcher_gets_sigterm_and_time_to_drain_and_compose_restarts_it(service):
+    """`exec`: the launcher, not bash, is the container's main process, so `docker compose stop` reaches it."""
+    assert "exec python3 /workspace/scripts/triton_server.py" in " ".join(service["command"].split())
+    grace = int(service["stop_grace_period"].rstrip("s"))
+    assert grace > DRAIN_GRACE_S + EXIT_TIMEOUT_S + 5
+    assert service["restart"] in ("always", "unless-stopped", "on-failure")
 
 
 def test_every_other_service_is_in_a_profile_and_mounts_existing_paths(services):

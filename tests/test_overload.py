@@ -90,7 +90,7 @@ def test_a_request_that_waits_too_long_ends_as_overloaded_and_the_others_go_on(m
     llm.sequences["waiting"].arrival_time -= 10  # as if it had waited 10 s
     outputs += llm.step()
     (expired,) = [o for o in outputs if o.request_id == "waiting"]
-    assert expired.finished and expired.overloaded and "waited 10.0 s" in expired.error
+    assert expired.finished and expired.unavailable and "waited 10.0 s" in expired.error
     tokens = [t for o in outputs if o.request_id == "running" for t in o.new_token_ids]
     while llm.has_unfinished_requests():
         tokens += [t for o in llm.step() for t in o.new_token_ids]

@@ -1,12 +1,12 @@
 """Open-AutoGLM's engine: GLM / GLM-4 decoding with a paged KV cache and continuous batching, in plain torch."""
 
 from .config import CheckpointError, EngineConfig, ModelConfig
-from .engine import LLMEngine, Overloaded, RequestOutput
+from .engine import LLMEngine, Overloaded, RequestOutput, Unavailable
 from .engine_thread import EngineThread
 from .sampling_params import SamplingParams
 from .sequence import FinishReason
 
 __all__ = [
-    "CheckpointError", "EngineConfig", "ModelConfig", "LLMEngine", "Overloaded", "RequestOutput", "EngineThread",
-    "FinishReason", "SamplingParams",
+    "CheckpointError", "EngineConfig", "ModelConfig", "LLMEngine", "Overloaded", "RequestOutput", "Unavailable",
+    "EngineThread", "FinishReason", "SamplingParams",
 ]

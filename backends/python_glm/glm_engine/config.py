@@ -132,13 +132,17 @@ class EngineConfig:
     # Seeds requests that give no seed of their own.
     seed: int = 0
     # Admission: a request that would make more than this many requests wait to join the batch (beyond those about to
-    # take its free places) is refused at once as overloaded (HTTP 503); 0: no limit. Continuous batching takes every request off Triton's queue at once, so
-    # Triton's own queue policy never sees a backlog: this is where it is bounded.
+    # take its free places) is refused at once as overloaded (HTTP 503); 0: no limit. Continuous batching takes every
+    # request off Triton's queue at once, so Triton's own queue policy never sees a backlog: this is where it is bounded.
     max_waiting_requests: int = 128
     # Likewise for the tokens of the waiting requests' prompts (what they will cost to prefill); 0: no limit.
     max_waiting_tokens: int = 0
     # A request that has waited this long without joining the batch fails as overloaded; 0: no limit.
     max_queue_time_s: float = 0.0
+    # The watchdog ends the model's process when the engine thread has been busy this long without finishing a step,
+    # or has died, so that the launcher restarts the server instead of requests hanging; 0: never. Above the
+    # longest step the checkpoint and device can take (a full max_num_batched_tokens prefill).
+    stall_timeout_s: float = 300.0
 
     @classmethod
     def from_parameters(cls, parameters: dict[str, str]) -> "EngineConfig":

@@ -18,9 +18,16 @@ from .sequence import FinishReason, Sequence
 log = logging.getLogger(__name__)
 
 
-class Overloaded(Exception):
-    """A request refused, or ended, because the engine has more waiting than its admission limits allow: retrying
-    later may succeed (HTTP 503 through Triton)."""
+class Unavailable(Exception):
+    """The engine cannot serve a request now, through no fault of the request: retrying later, or on another replica,
+    may succeed (HTTP 503, gRPC UNAVAILABLE through Triton)."""
+
+
+class Overloaded(Unavailable):
+    """A request refused, or ended, because the engine has more waiting than its admission limits allow."""
+
+
+SHUTTING_DOWN = "the server is shutting down; retry on another replica"
 
 
 @dataclass
@@ -37,8 +44,9 @@ class RequestOutput:
     # With SamplingParams.logprobs: the log-probability of each new token, and of the whole output so far.
     new_logprobs: list[float] | None = None
     cumulative_logprob: float | None = None
-    # With `error`: the request failed because the engine was overloaded, not because of the request or a fault.
-    overloaded: bool = False
+    # With `error`: the request failed because the engine was overloaded or shutting down, not because of the request
+    # or a fault (see Unavailable).
+    unavailable: bool = False
 
 
 @dataclass
@@ -165,7 +173,7 @@ class LLMEngine:
             self.num_refused += 1
             output = self._fail(seq, f"the server is overloaded: the request waited {now - seq.arrival_time:.1f} s "
                                      f"without starting (max_queue_time_s {limit:g}); retry later")
-            output.overloaded = True
+            output.unavailable = True
             outputs.append(output)
         return outputs
 
@@ -207,9 +215,13 @@ class LLMEngine:
                 self.pool.cache_full_blocks(item.seq)
         return [self._append_token(seq, *sampled[seq]) for seq in step.sampling if seq in sampled]
 
-    def fail_all(self, message: str) -> list[RequestOutput]:
-        """End every live request with an error and free its blocks (after an unexpected engine fault)."""
-        return [self._fail(seq, message) for seq in list(self.sequences.values())]
+    def fail_all(self, message: str, unavailable: bool = False) -> list[RequestOutput]:
+        """End every live request with an error and free its blocks: after an unexpected engine fault, or (with
+        `unavailable`) when the server shuts down."""
+        outputs = [self._fail(seq, message) for seq in list(self.sequences.values())]
+        for output in outputs:
+            output.unavailable = unavailable
+        return outputs
 
     def _append_token(self, seq: Sequence, token: int, logprob: float | None) -> RequestOutput:
         self.num_generated_tokens += 1

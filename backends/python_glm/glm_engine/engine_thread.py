@@ -3,6 +3,10 @@
 Requests join the running batch between steps; each step's outputs go to the request's callback on the engine
 thread. A callback that returns False (its client went away) has its request aborted before the next step.
 
+`drain` prepares a shutdown: new requests are refused, running ones get a grace period to finish, then end with an
+error saying the server is shutting down. `stalled_for` tells a watchdog how long the thread has been busy without
+finishing a step (infinite once the thread has died).
+
 The engine is also built on that thread, so that only one thread ever runs torch's parallel CPU kernels: each
 thread that does gets its own OpenMP worker pool, and once a process has more OpenMP threads than cores, libgomp
 stops spin-waiting and puts workers to sleep at every barrier: loading on Triton's thread and stepping on this one
@@ -12,11 +16,13 @@ made every CPU step slower (docs/performance.md).
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
+import time
 from typing import Callable
 
-from .engine import LLMEngine, RequestOutput
+from .engine import SHUTTING_DOWN, LLMEngine, RequestOutput, Unavailable
 from .sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -36,6 +42,8 @@ class EngineThread:
         self._queued_lock = threading.Lock()
         self._queued_requests = self._queued_tokens = 0
         self._stopping = False
+        self._drain_deadline: float | None = None  # time.monotonic() after which running requests are ended
+        self._busy_since: float | None = None  # when the current unit of work began; None while idle
         self.engine: LLMEngine | None = None
         build_error: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._main, args=(build_engine, build_error), name="glm-engine",
@@ -48,7 +56,9 @@ class EngineThread:
     def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                on_output: OutputCallback) -> None:
         """Queue a request. Raises at once, on the caller's thread: ValueError if it can never be served, Overloaded
-        if the engine's admission limits refuse it now."""
+        if the engine's admission limits refuse it now, Unavailable if the engine is draining."""
+        if self._drain_deadline is not None:
+            raise Unavailable(SHUTTING_DOWN)
         self.engine.check_request(prompt_token_ids, params)
         with self._queued_lock:
             self.engine.check_admission(len(prompt_token_ids), self._queued_requests, self._queued_tokens)
@@ -58,6 +68,24 @@ class EngineThread:
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id))
+
+    def drain(self, grace_s: float) -> None:
+        """Refuse new requests from now on; running and waiting ones that have not finished `grace_s` seconds from now
+        end with an error saying the server is shutting down (retryable: HTTP 503)."""
+        if self._drain_deadline is None:
+            self._drain_deadline = time.monotonic() + grace_s
+
+    @property
+    def draining(self) -> bool:
+        return self._drain_deadline is not None
+
+    def stalled_for(self) -> float:
+        """Seconds since the engine thread last finished a step while it has work (0 while idle); infinite once the
+        thread has died."""
+        if not self._thread.is_alive():
+            return math.inf
+        busy_since = self._busy_since
+        return 0.0 if busy_since is None else time.monotonic() - busy_since
 
     def shutdown(self) -> None:
         self._stopping = True
@@ -76,23 +104,31 @@ class EngineThread:
     def _run(self) -> None:
         while not self._stopping:
             # Block while idle; otherwise take whatever arrived since the last step and go on.
-            self._handle(self._inbox.get())
+            self._busy_since = None
+            message = self._inbox.get()
+            self._busy_since = time.monotonic()
+            self._handle(message)
             while not self._inbox.empty():
                 self._handle(self._inbox.get())
             while self.engine.has_unfinished_requests() and not self._stopping:
-                try:
-                    outputs = self.engine.step()
-                except Exception as exc:  # a bug must fail the requests in flight, not hang them and all later ones
-                    log.exception("engine step failed unexpectedly")
-                    outputs = self.engine.fail_all(f"engine failure: {exc}")
-                for output in outputs:
+                for output in self._step():
                     self._deliver(output)
                 while not self._inbox.empty():
                     self._handle(self._inbox.get())
                 self._notify_step()
+                self._busy_since = time.monotonic()
             self._notify_step()
         for request_id in list(self._callbacks):
             self._abort(request_id)
+
+    def _step(self) -> list[RequestOutput]:
+        if self._drain_deadline is not None and time.monotonic() >= self._drain_deadline:
+            return self.engine.fail_all(SHUTTING_DOWN, unavailable=True)
+        try:
+            return self.engine.step()
+        except Exception as exc:  # a bug must fail the requests in flight, not hang them and all later ones
+            log.exception("engine step failed unexpectedly")
+            return self.engine.fail_all(f"engine failure: {exc}")
 
     def _handle(self, message: tuple) -> None:
         kind = message[0]

@@ -42,13 +42,13 @@ class Response:
 @dataclass
 class Update:
     """What to do after one engine output: send at most one of `response`, an error response (`error`, final; one
-    the client may retry later when `overloaded`) or an empty final response (`close`: nobody listens any more);
+    the client may retry later when `unavailable`) or an empty final response (`close`: nobody listens any more);
     ask the engine to stop generating (`abort`); and record `latencies` and, when the request ended now,
     `finish_reason`."""
 
     response: Response | None = None
     error: str | None = None
-    overloaded: bool = False
+    unavailable: bool = False
     close: bool = False
     abort: bool = False
     latencies: list[tuple[str, float]] = field(default_factory=list)  # ("ttft" | "itl" | "latency", seconds)
@@ -79,7 +79,7 @@ class OutputProcessor:
             return Update(abort=True)
         if output.error:
             self.closed = True
-            update = Update(error=output.error, overloaded=output.overloaded, abort=True)
+            update = Update(error=output.error, unavailable=output.unavailable, abort=True)
             return self._timed(update, output.new_token_ids, "error")
         if output.finish_reason is FinishReason.CANCELLED or client_gone():
             # Close the stream now if this was its last output; otherwise the abort brings a CANCELLED one.

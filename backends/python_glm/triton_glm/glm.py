@@ -11,9 +11,10 @@ import threading
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from glm_engine import EngineConfig, EngineThread, LLMEngine, Overloaded, RequestOutput, SamplingParams
+from glm_engine import EngineConfig, EngineThread, LLMEngine, RequestOutput, SamplingParams, Unavailable
 from glm_engine.output_processor import OutputProcessor, Response
 from glm_engine.tokenizer import GlmTokenizer
+from glm_engine.watchdog import Watchdog
 
 from .common import (InputError, error_response, internal_error, optional_scalar, required_array, resolve_model_dir,
                      wants_code_in_message)
@@ -32,6 +33,7 @@ class GlmEngineModel:
         self.outbox = ResponseOutbox()
         self.engine_thread = EngineThread(lambda: LLMEngine(self.config),
                                           on_step=lambda engine: self.metrics.update(engine.stats()))
+        self.watchdog = Watchdog(self.engine_thread, self.config.stall_timeout_s)
         self._request_ids = itertools.count()
         # Engine ids of the running requests, by the id the client gave them (Triton's request id), for `stop`.
         self._running: dict[str, set[str]] = {}
@@ -57,7 +59,7 @@ class GlmEngineModel:
             except ValueError as exc:  # InputError, or the engine's own checks
                 sender.send(error_response(str(exc), code_in_message=code_in_message),
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-            except Overloaded as exc:  # refused at admission, in no time: HTTP 503, gRPC UNAVAILABLE
+            except Unavailable as exc:  # overloaded or draining, refused in no time: HTTP 503, gRPC UNAVAILABLE
                 sender.send(error_response(str(exc), "UNAVAILABLE", code_in_message),
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             except Exception:
@@ -120,8 +122,10 @@ class GlmEngineModel:
         return ids[0, :length].tolist(), params, streaming, not (exclude_input or streaming)
 
     def finalize(self):
+        self.watchdog.stop()
         self.engine_thread.shutdown()
         self.outbox.close()
+        log.info("glm engine stopped")
 
 
 def send_now(sender, response, flags: int) -> None:
@@ -182,7 +186,7 @@ class ResponseStream:
             self.metrics.record(update.latencies, update.finish_reason)
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         if update.error is not None:
-            code = "UNAVAILABLE" if update.overloaded else "INTERNAL"
+            code = "UNAVAILABLE" if update.unavailable else "INTERNAL"
             self.send(self.sender, error_response(update.error, code, self.code_in_message), final)
         elif update.close:
             self.send(self.sender, None, final)

@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""Soak: a long Locust run against a server of its own, watching memory.
+
+Every --interval seconds it samples the resident memory (RSS) of tritonserver and of each model's stub process, and
+the engine's gauges (KV blocks, running and waiting requests, tokens generated), into soak.csv; at the end it
+writes soak.png (RSS over time, one line per process) and soak.json: each process's RSS at the start of the second
+half and at the end, and its growth over the second half in MB per hour, which tells whether it levels off.
+
+    .venv/bin/python scripts/soak.py --minutes 30 --users 16 --out soak-results
+    .venv/bin/python scripts/soak.py --minutes 30 --allocator jemalloc --out soak-jemalloc
+
+--allocator preloads jemalloc or tcmalloc into the server and its stubs (Debian: libjemalloc2,
+libtcmalloc-minimal4), as Triton's docs suggest for Python-backend deployments. --reload-every N also reloads the
+glm model every N minutes (a model rollout), under the load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+from glm_tools.launcher import REPO, TritonServer, free_port
+
+ALLOCATORS = {
+    "default": None,
+    "jemalloc": ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "libjemalloc2"),
+    "tcmalloc": ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", "libtcmalloc-minimal4"),
+}
+GAUGES = ("glm_kv_blocks_used", "glm_num_requests_running", "glm_num_requests_waiting",
+          "glm_generation_tokens_total", "glm_requests_finished_total")
+
+
+def rss_mb(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def engine_gauges(server: TritonServer) -> dict[str, float]:
+    """Each gauge summed over its label sets (finish reasons, instances)."""
+    with urllib.request.urlopen(f"http://localhost:{server.metrics_port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    totals = dict.fromkeys(GAUGES, 0.0)
+    for line in text.splitlines():
+        name = line.split("{")[0].split(" ")[0]
+        if name in totals:
+            totals[name] += float(line.rsplit(" ", 1)[1])
+    return totals
+
+
+def sample(server: TritonServer, started: float) -> dict[str, float]:
+    row = {"seconds": round(time.monotonic() - started, 1), "rss_mb tritonserver": rss_mb(server.process.pid)}
+    for pid, model in sorted(server.stub_processes().items(), key=lambda item: item[1]):
+        key = f"rss_mb {model}"
+        row[key] = round(row.get(key, 0) + (rss_mb(pid) or 0), 1)
+    row.update(engine_gauges(server))
+    return row
+
+
+def growth(rows: list[dict], key: str) -> dict[str, float]:
+    """RSS at the middle and at the end of the run, and the least-squares slope of the second half in MB/hour."""
+    half = [(row["seconds"], row[key]) for row in rows[len(rows) // 2:] if row.get(key) is not None]
+    if len(half) < 2:
+        return {}
+    n = len(half)
+    mean_t = sum(t for t, _ in half) / n
+    mean_y = sum(y for _, y in half) / n
+    slope = (sum((t - mean_t) * (y - mean_y) for t, y in half) / max(1e-9, sum((t - mean_t) ** 2 for t, _ in half)))
+    return {"middle_mb": round(half[0][1], 1), "end_mb": round(half[-1][1], 1),
+            "second_half_mb_per_hour": round(slope * 3600, 1), "peak_mb": round(max(row[key] for row in rows
+                                                                                     if row.get(key)), 1)}
+
+
+def plot(rows: list[dict], keys: list[str], path: str, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    figure, axes = plt.subplots(figsize=(9, 4.5))
+    minutes = [row["seconds"] / 60 for row in rows]
+    for key in keys:
+        axes.plot(minutes, [row.get(key) for row in rows], label=key.replace("rss_mb ", ""))
+    axes.set_xlabel("minutes")
+    axes.set_ylabel("RSS (MB)")
+    axes.set_title(title)
+    axes.grid(alpha=0.3)
+    axes.legend(loc="upper left", fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=30)
+    parser.add_argument("--users", type=int, default=16)
+    parser.add_argument("--interval", type=float, default=10, help="seconds between samples")
+    parser.add_argument("--allocator", choices=sorted(ALLOCATORS), default="default")
+    parser.add_argument("--reload-every", type=float, default=0, help="reload glm every this many minutes (0: never)")
+    parser.add_argument("--model-dir", default=os.path.join(REPO, "checkpoints", "glm-demo"))
+    parser.add_argument("--out", default="soak-results")
+    args = parser.parse_args()
+
+    extra_env = {"OMP_NUM_THREADS": "2"}
+    if ALLOCATORS[args.allocator]:
+        library, package = ALLOCATORS[args.allocator]
+        if not os.path.exists(library):
+            sys.exit(f"{library} not found: install Debian's {package}")
+        extra_env["LD_PRELOAD"] = library
+    os.makedirs(args.out, exist_ok=True)
+    log_path = os.path.join(args.out, "tritonserver.log")
+    rows: list[dict] = []
+    with TritonServer(free_port(), free_port(), free_port(), model_dir=args.model_dir, log_path=log_path,
+                      extra_env=extra_env) as server:
+        server.wait_ready()
+        print(f"[soak] server ready ({args.allocator} allocator); {args.users} users for {args.minutes:g} min",
+              flush=True)
+        locust = subprocess.Popen(
+            [sys.executable, os.path.join(REPO, "loadtests", "run.py"), "--host", f"http://{server.http_url}",
+             "--grpc-url", server.grpc_url, "--users", str(args.users), "--run-time", f"{int(args.minutes * 60)}s",
+             "--user-class", "HttpGenerateUser", "HttpStreamUser", "GrpcStreamUser", "--label", args.allocator,
+             "--out", os.path.join(args.out, "locust")],
+            stdout=open(os.path.join(args.out, "locust.log"), "w"), stderr=subprocess.STDOUT)
+        started = time.monotonic()
+        next_reload = args.reload_every * 60 or float("inf")
+        try:
+            while locust.poll() is None:
+                rows.append(sample(server, started))
+                last = rows[-1]
+                print(f"[soak] {last['seconds'] / 60:5.1f} min  tritonserver {last['rss_mb tritonserver']:.0f} MB  "
+                      f"glm {last.get('rss_mb glm', 0):.0f} MB  tokens {last['glm_generation_tokens_total']:.0f}",
+                      flush=True)
+                if last["seconds"] >= next_reload:
+                    server.repository("models/glm/load")  # a reload of the same version: a new stub, then the old goes
+                    next_reload += args.reload_every * 60
+                time.sleep(args.interval)
+        finally:
+            if locust.poll() is None:
+                locust.terminate()
+            locust.wait()
+    keys = sorted({key for row in rows for key in row if key.startswith("rss_mb")})
+    with open(os.path.join(args.out, "soak.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["seconds", *keys, *GAUGES])
+        writer.writeheader()
+        writer.writerows(rows)
+    summary = {"allocator": args.allocator, "users": args.users, "minutes": args.minutes,
+               "reload_every_minutes": args.reload_every, "samples": len(rows),
+               "tokens": rows[-1]["glm_generation_tokens_total"] if rows else 0,
+               "requests": rows[-1]["glm_requests_finished_total"] if rows else 0,
+               "rss": {key.replace("rss_mb ", ""): growth(rows, key) for key in keys}}
+    with open(os.path.join(args.out, "soak.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    plot(rows, keys, os.path.join(args.out, "soak.png"),
+         f"RSS under {args.users} Locust users, {args.allocator} allocator")
+    print(json.dumps(summary, indent=1))
+    print(f"[soak] wrote {args.out}/soak.csv, soak.json, soak.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,249 @@
+"""Crashes, stalls, shutdown and disconnects: the engine's watchdog and drain, and through the real server, a killed
+model process healed by the launcher's supervisor, a drained shutdown, and streams whose clients went away."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+from support import REPO
+from support.checkpoints import make_tiny_checkpoint
+from support.reference import prompts
+from support.server import metric, metrics, running_server, wait_for
+
+from glm_engine import EngineConfig, EngineThread, LLMEngine, SamplingParams, Unavailable
+from glm_engine.watchdog import STALLED_EXIT_STATUS, Watchdog
+from glm_tools.launcher import EXIT_TIMEOUT_S, STUB_NAME, free_port
+
+LONG = SamplingParams(max_tokens=400, stop_token_ids=())
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_checkpoint(str(tmp_path_factory.mktemp("glm4-recovery")), "glm4")[0]
+
+
+def engine_thread(model_dir, **settings) -> EngineThread:
+    return EngineThread(lambda: LLMEngine(EngineConfig(model_dir=model_dir, block_size=8, num_kv_blocks=256,
+                                                       **settings)))
+
+
+class Collector:
+    """Outputs of one request, and when it finished."""
+
+    def __init__(self):
+        self.outputs = []
+        self.done = threading.Event()
+
+    def __call__(self, output):
+        self.outputs.append(output)
+        if output.finished:
+            self.done.set()
+        return True
+
+
+# -- the engine thread and its watchdog ------------------------------------------------------------------------------
+def test_drain_refuses_new_requests_and_ends_running_ones_after_the_grace_period(model_dir, tmp_path):
+    thread = engine_thread(model_dir)
+    original_step = thread.engine.step
+    thread.engine.step = lambda: time.sleep(0.01) or original_step()  # 400 tokens take well over the grace period
+    short, long = Collector(), Collector()
+    thread.submit("short", prompts((6,))[0], SamplingParams(max_tokens=3, stop_token_ids=()), short)
+    thread.submit("long", prompts((6,))[0], LONG, long)
+    drain_file = tmp_path / "drain"
+    watchdog = Watchdog(thread, stall_timeout_s=0, drain_file=str(drain_file), poll_s=0.05)
+    time.sleep(0.2)
+    assert not thread.draining  # no file, no drain
+    drain_file.write_text("1.0")
+    assert wait_for(lambda: thread.draining, timeout=2)
+    with pytest.raises(Unavailable, match="shutting down"):
+        thread.submit("late", prompts((6,))[0], LONG, Collector())
+    assert short.done.wait(5) and short.outputs[-1].error is None  # finished within the grace period, as asked
+    assert long.done.wait(10)
+    last = long.outputs[-1]
+    assert last.unavailable and "shutting down" in last.error and len(long.outputs) > 3
+    assert thread.engine.stats().kv_blocks_used == 0
+    watchdog.stop()
+    thread.shutdown()
+
+
+def test_the_watchdog_ends_the_process_when_the_engine_thread_stalls_or_dies(model_dir):
+    thread = engine_thread(model_dir)
+    exits = []
+    release = threading.Event()
+    original_step = thread.engine.step
+    thread.engine.step = lambda: release.wait(30) and original_step()  # a step that hangs until released
+    watchdog = Watchdog(thread, stall_timeout_s=0.5, drain_file="", poll_s=0.05, exit_process=exits.append)
+    time.sleep(0.8)
+    assert exits == []  # idle is not stalled
+    thread.submit("a", prompts((6,))[0], LONG, Collector())
+    assert wait_for(lambda: exits, timeout=5) and exits == [STALLED_EXIT_STATUS]
+    release.set()
+    thread.shutdown()
+    watchdog.stop()
+
+    dead = engine_thread(model_dir)
+    dead.shutdown()  # the thread has ended: as if it had died
+    exits.clear()
+    watchdog = Watchdog(dead, stall_timeout_s=60, drain_file="", poll_s=0.05, exit_process=exits.append)
+    assert wait_for(lambda: exits, timeout=5) and exits == [STALLED_EXIT_STATUS]
+    watchdog.stop()
+
+
+# -- through the real server ----------------------------------------------------------------------------------------
+def stream(url: str, model: str = "ensemble", max_tokens: int = 4000, timeout: float = 60) -> dict:
+    """One HTTP generate_stream read to its end: {"events": n, "last": last event, "error": what broke it}."""
+    result = {"events": 0, "last": None, "error": None}
+    try:
+        with requests.post(f"http://{url}/v2/models/{model}/generate_stream", stream=True, timeout=timeout,
+                           json={"text_input": "a long story", "max_tokens": max_tokens, "ignore_eos": True,
+                                 "stream": True}) as response:
+            for line in response.iter_lines():
+                if line.startswith(b"data: "):
+                    result["events"] += 1
+                    result["last"] = json.loads(line[6:])
+    except requests.RequestException as error:
+        result["error"] = repr(error)
+    return result
+
+
+def ready(http_port: int) -> bool:
+    try:
+        return requests.get(f"http://localhost:{http_port}/v2/health/ready", timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def stubs_of(server_pid: int) -> dict[int, str]:
+    """The Python stub processes of a server: pid -> its command line."""
+    found = {}
+    for proc in glob.glob("/proc/[0-9]*"):
+        try:
+            with open(f"{proc}/comm") as f:
+                if f.read().strip() == STUB_NAME and os.getpgid(int(proc[6:])) == server_pid:
+                    with open(f"{proc}/cmdline", "rb") as f:
+                        found[int(proc[6:])] = f.read().decode().replace("\0", " ")
+        except OSError:
+            continue
+    return found
+
+
+def server_pid_of(launcher_pid: int) -> int | None:
+    for proc in glob.glob("/proc/[0-9]*"):
+        try:
+            with open(f"{proc}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"{proc}/comm") as f:
+                if f.read().strip() == "tritonserver" and int(fields[1]) == launcher_pid:
+                    return int(proc[6:])
+        except OSError:
+            continue
+    return None
+
+
+@pytest.mark.integration
+def test_a_killed_model_process_is_seen_at_once_and_healed_by_the_launcher(demo_model_dir, tmp_path):
+    http_port = free_port()
+    log_path = tmp_path / "serve.log"
+    with open(log_path, "w") as log:
+        launcher = subprocess.Popen(
+            [sys.executable, os.path.join(REPO, "scripts", "triton_server.py"), "--http-port", str(http_port),
+             "--grpc-port", str(free_port()), "--metrics-port", str(free_port()), "--model-dir", demo_model_dir,
+             "--drain-grace", "2"],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "2"})
+    try:
+        assert wait_for(lambda: ready(http_port), timeout=180, interval=0.5), log_path.read_text()[-3000:]
+        url = f"localhost:{http_port}"
+        server_pid = server_pid_of(launcher.pid)
+        (glm_stub,) = [pid for pid, command in stubs_of(server_pid).items() if "/glm/" in command]
+
+        with ThreadPoolExecutor(4) as pool:
+            streams = [pool.submit(stream, url) for _ in range(4)]
+            time.sleep(2)  # all four are generating
+            os.kill(glm_stub, signal.SIGKILL)
+            killed = time.monotonic()
+            assert wait_for(lambda: not ready(http_port), timeout=10, interval=0.1)
+            not_ready_after = time.monotonic() - killed
+            results = [future.result(timeout=30) for future in streams]  # an error each, not a hang
+        assert all(result["error"] for result in results), results
+        assert all(result["last"] is None or result["last"]["finish_reason"] == "" for result in results), results
+        assert not_ready_after < 5
+
+        assert wait_for(lambda: ready(http_port), timeout=180, interval=0.5), log_path.read_text()[-3000:]
+        response = requests.post(f"http://{url}/v2/models/ensemble/generate", timeout=60,
+                                 json={"text_input": "after the crash", "max_tokens": 8})
+        assert response.status_code == 200 and response.json()["num_output_tokens"] == 8
+        assert wait_for(lambda: "ready again" in log_path.read_text(), timeout=10)  # the launcher's next poll
+        assert f"(pid {glm_stub}) died while the model was loaded: restarting tritonserver" in log_path.read_text()
+    finally:
+        launcher.send_signal(signal.SIGTERM)
+        try:
+            code = launcher.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            launcher.kill()
+            raise
+    assert code == 0, log_path.read_text()[-3000:]
+
+
+@pytest.mark.integration
+def test_shutdown_drains_streams_runs_finalize_and_leaves_no_shared_memory(demo_model_dir, tmp_path):
+    with running_server(demo_model_dir, str(tmp_path)) as server:
+        server.drain_grace_s = 3.0
+        with ThreadPoolExecutor(4) as pool:
+            long_streams = [pool.submit(stream, server.http_url) for _ in range(3)]
+            short_stream = pool.submit(stream, server.http_url, max_tokens=40)
+            assert wait_for(lambda: metric(metrics(server), "glm_num_requests_running") == 4, timeout=30)
+            regions = server.shm_regions()
+            stopping = pool.submit(server.stop)
+            assert wait_for(lambda: os.path.exists(server.drain_file), timeout=5)
+            time.sleep(1)
+            late = requests.post(f"http://{server.http_url}/v2/models/ensemble/generate", timeout=30,
+                                 json={"text_input": "too late", "max_tokens": 8})
+            started = time.monotonic()
+            stopping.result(timeout=60)
+            stopped_in = time.monotonic() - started
+            results = [future.result(timeout=30) for future in long_streams]
+            short = short_stream.result(timeout=30)
+    # Triton's generate endpoint answers errors with 400 (docs/requests.md); the message says what happened.
+    assert late.status_code == 400 and "shutting down" in late.json()["error"], late.text
+    assert short["last"]["finish_reason"] == "length" and short["error"] is None, short
+    for result in results:  # each stream ended with an error event naming the shutdown, not a cut connection
+        assert result["error"] is None and result["events"] > 1, result
+        assert "shutting down" in json.dumps(result["last"]), result
+    assert stopped_in < EXIT_TIMEOUT_S, stopped_in  # no request was left for Triton to wait on
+    log_text = (tmp_path / "tritonserver.log").read_text()
+    assert "glm engine stopped" in log_text and "Exit timeout expired" not in log_text, log_text[-3000:]
+    assert regions and not any(os.path.exists(region) for region in regions)
+
+
+@pytest.mark.integration
+def test_a_stream_whose_client_went_away_ends_at_max_tokens_and_shutdown_stays_prompt(demo_model_dir, tmp_path):
+    """Triton 2.51 tells no model that an HTTP client went away: the stream generates to its max_tokens, the bound
+    docs/operations.md gives. Its blocks come back, and the request that Triton's ensemble keeps "in flight"
+    afterwards (which keeps glm from unloading) costs a shutdown no more than about EXIT_TIMEOUT_S."""
+    with running_server(demo_model_dir, str(tmp_path)) as server:
+        body = json.dumps({"text_input": "gone", "max_tokens": 120, "ignore_eos": True, "stream": True}).encode()
+        with socket.create_connection(("localhost", server.http_port)) as connection:
+            connection.sendall(b"POST /v2/models/ensemble/generate_stream HTTP/1.1\r\nHost: x\r\n"
+                               b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            assert b"data: " in connection.recv(4096)
+        assert wait_for(lambda: metric(metrics(server), "glm_requests_finished_total", finish_reason="length") == 1,
+                        timeout=60)
+        samples = metrics(server)
+        assert metric(samples, "glm_num_requests_running") == 0 and metric(samples, "glm_kv_blocks_used") == 0
+        assert metric(samples, "glm_generation_tokens_total") == 120
+        regions = server.shm_regions()
+        started = time.monotonic()
+        server.stop()
+        assert time.monotonic() - started < EXIT_TIMEOUT_S + 10
+    assert regions and not any(os.path.exists(region) for region in regions)
