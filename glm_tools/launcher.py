@@ -40,9 +40,13 @@ BUILD_BACKENDS = os.path.join(REPO, ".build", "backends")
 # How long Triton waits on SIGTERM, for idle HTTP connections to close and then for requests in flight, before it
 # exits without unloading its models. stop() has drained the engine and unloaded the models by then.
 EXIT_TIMEOUT_S = 10
-# The header that the model-repository API (load, unload, index) requires, on HTTP and gRPC: only a caller that knows
-# the server's key (the launcher; an operator through GLM_ADMIN_KEY) can unload a model.
+# The header that the control plane requires, on HTTP and gRPC: only a caller that knows the server's key (the
+# launcher; an operator through GLM_ADMIN_KEY) can load or unload a model (a load may carry files: Python code the
+# server would run), register shared memory, or change logging and tracing. Inference, health, metadata, model
+# configs and statistics stay open.
 ADMIN_KEY_HEADER = "glm-admin-key"
+GRPC_ADMIN_KEY_HEADER = f"triton-grpc-protocol-{ADMIN_KEY_HEADER}"  # the metadata key gRPC callers send it under
+RESTRICTED_APIS = "model-repository,shared-memory,logging,trace"
 ADMIN_KEY_ENV = "GLM_ADMIN_KEY"
 # On stop(), how long running requests may go on generating before they end with a retryable error.
 DRAIN_GRACE_S = 20.0
@@ -81,8 +85,9 @@ def prepare_backend_dir(target: str = BUILD_BACKENDS) -> str:
 def server_args(http_port: int, grpc_port: int, metrics_port: int, model_repository: str = MODEL_REPOSITORY,
                 backend_dir: str = BUILD_BACKENDS, admin_key: str = "") -> list[str]:
     """The server's flags: the single place they are written down. Models are loaded through the model-repository
-    API (all of them at the start), which only callers that send admin_key may use."""
-    restricted = f"model-repository:{ADMIN_KEY_HEADER}={admin_key}"
+    API (all of them at the start), which, like the rest of RESTRICTED_APIS, only callers that send admin_key may
+    use."""
+    restricted = f"{RESTRICTED_APIS}:{ADMIN_KEY_HEADER}={admin_key}"
     return [
         f"--model-repository={model_repository}",
         f"--backend-directory={backend_dir}",
@@ -238,17 +243,28 @@ class TritonServer:
             pass
         return set(self._shm_regions)
 
-    def repository(self, path: str = "index") -> list | None:
+    def repository(self, path: str = "index", body: dict | None = None) -> list | None:
         """POST /v2/repository/<path> with the admin key: the index (each model's state), or a load or unload;
         None if the server does not answer."""
-        request = urllib.request.Request(f"http://{self.http_url}/v2/repository/{path}", data=b"{}", method="POST",
+        request = urllib.request.Request(f"http://{self.http_url}/v2/repository/{path}",
+                                         data=json.dumps(body or {}).encode(), method="POST",
                                          headers={ADMIN_KEY_HEADER: self.admin_key})
         try:
-            with urllib.request.urlopen(request, timeout=5) as response:
-                body = response.read()
+            with urllib.request.urlopen(request, timeout=120) as response:
+                reply = response.read()
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             return None
-        return json.loads(body) if body else []
+        return json.loads(reply) if reply else []
+
+    def reload_model(self, name: str) -> bool:
+        """Load the model anew from its own config (Triton skips a plain load of an unchanged model): a new stub
+        process is ready before the old one is unloaded, so requests go on. Whether the load succeeded."""
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/models/{name}/config", timeout=10) as response:
+                config = response.read().decode()
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
+        return self.repository(f"models/{name}/load", {"parameters": {"config": config}}) is not None
 
     def engine_requests(self) -> int | None:
         """Requests running or waiting in the glm engines, from the metrics endpoint; None if it cannot be read."""

@@ -141,7 +141,7 @@ def main() -> int:
                       f"glm {last.get('rss_mb glm', 0):.0f} MB  tokens {last['glm_generation_tokens_total']:.0f}",
                       flush=True)
                 if last["seconds"] >= next_reload:
-                    server.repository("models/glm/load")  # a reload of the same version: a new stub, then the old goes
+                    server.reload_model("glm")
                     next_reload += args.reload_every * 60
                 time.sleep(args.interval)
         finally:

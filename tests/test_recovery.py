@@ -16,14 +16,16 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
+import tritonclient.grpc as grpcclient
 from support import REPO
 from support.checkpoints import make_tiny_checkpoint
 from support.reference import prompts
 from support.server import metric, metrics, running_server, wait_for
+from tritonclient.utils import InferenceServerException
 
 from glm_engine import EngineConfig, EngineThread, LLMEngine, SamplingParams, Unavailable
 from glm_engine.watchdog import STALLED_EXIT_STATUS, Watchdog
-from glm_tools.launcher import EXIT_TIMEOUT_S, STUB_NAME, free_port
+from glm_tools.launcher import ADMIN_KEY_HEADER, EXIT_TIMEOUT_S, GRPC_ADMIN_KEY_HEADER, STUB_NAME, free_port
 
 LONG = SamplingParams(max_tokens=400, stop_token_ids=())
 
@@ -75,6 +77,15 @@ def test_drain_refuses_new_requests_and_ends_running_ones_after_the_grace_period
     assert thread.engine.stats().kv_blocks_used == 0
     watchdog.stop()
     thread.shutdown()
+
+
+def test_shutdown_with_a_grace_period_lets_running_requests_finish_first(model_dir):
+    thread = engine_thread(model_dir)
+    collector = Collector()
+    thread.submit("a", prompts((6,))[0], SamplingParams(max_tokens=40, stop_token_ids=()), collector)
+    thread.shutdown(grace_s=30)  # what glm's finalize does when Triton unloads the model
+    assert collector.done.is_set() and collector.outputs[-1].error is None
+    assert sum(len(output.new_token_ids) for output in collector.outputs) == 40
 
 
 def test_the_watchdog_ends_the_process_when_the_engine_thread_stalls_or_dies(model_dir):
@@ -220,7 +231,8 @@ def test_shutdown_drains_streams_runs_finalize_and_leaves_no_shared_memory(demo_
     for result in results:  # each stream ended with an error event naming the shutdown, not a cut connection
         assert result["error"] is None and result["events"] > 1, result
         assert "shutting down" in json.dumps(result["last"]), result
-    assert stopped_in < EXIT_TIMEOUT_S, stopped_in  # no request was left for Triton to wait on
+    # Well under Triton's default exit timeout of 30 s, on a busy 2-core machine; typically 5 s.
+    assert stopped_in < 20, stopped_in
     log_text = (tmp_path / "tritonserver.log").read_text()
     assert "glm engine stopped" in log_text and "Exit timeout expired" not in log_text, log_text[-3000:]
     assert regions and not any(os.path.exists(region) for region in regions)
@@ -247,3 +259,33 @@ def test_a_stream_whose_client_went_away_ends_at_max_tokens_and_shutdown_stays_p
         server.stop()
         assert time.monotonic() - started < EXIT_TIMEOUT_S + 10
     assert regions and not any(os.path.exists(region) for region in regions)
+
+
+@pytest.mark.integration
+def test_the_control_plane_needs_the_key_and_a_reload_swaps_the_model_process(demo_model_dir, tmp_path):
+    with running_server(demo_model_dir, str(tmp_path)) as server:
+        base = f"http://{server.http_url}"
+        for method, path in (("post", "/v2/repository/index"), ("post", "/v2/repository/models/glm/unload"),
+                             ("post", "/v2/systemsharedmemory/region/r/register"), ("post", "/v2/logging"),
+                             ("post", "/v2/trace/setting")):
+            refused = getattr(requests, method)(base + path, json={}, timeout=10)
+            assert refused.status_code in (401, 403), (path, refused.status_code, refused.text)
+            wrong_key = requests.post(base + path, json={}, headers={ADMIN_KEY_HEADER: "guess"}, timeout=10)
+            assert wrong_key.status_code in (401, 403), (path, wrong_key.status_code)
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        with pytest.raises(InferenceServerException):
+            client.unload_model("glm")
+        assert client.get_model_repository_index(headers={GRPC_ADMIN_KEY_HEADER: server.admin_key})
+        client.close()
+        assert requests.get(base + "/v2/models/glm/config", timeout=10).status_code == 200  # reading stays open
+        assert {entry["name"] for entry in server.repository()} == {"bls", "ensemble", "glm", "postprocessing",
+                                                                    "preprocessing"}
+
+        (old_stub,) = [pid for pid, model in server.stub_processes().items() if model == "glm"]
+        assert server.reload_model("glm")
+        assert wait_for(lambda: list(server.stub_processes().values()).count("glm") == 1, timeout=60)
+        (new_stub,) = [pid for pid, model in server.stub_processes().items() if model == "glm"]
+        assert new_stub != old_stub and server.is_ready()
+        answer = requests.post(base + "/v2/models/ensemble/generate", json={"text_input": "new", "max_tokens": 4},
+                               timeout=60)
+        assert answer.status_code == 200 and answer.json()["num_output_tokens"] == 4

@@ -143,6 +143,9 @@ class EngineConfig:
     # or has died, so that the launcher restarts the server instead of requests hanging; 0: never. Above the
     # longest step the checkpoint and device can take (a full max_num_batched_tokens prefill).
     stall_timeout_s: float = 300.0
+    # When the model is unloaded (a reload, a new version, a shutdown), requests still running get this long to finish;
+    # those left then end with a retryable "shutting down" error.
+    unload_grace_s: float = 60.0
 
     @classmethod
     def from_parameters(cls, parameters: dict[str, str]) -> "EngineConfig":

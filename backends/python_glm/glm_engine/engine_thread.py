@@ -87,7 +87,14 @@ class EngineThread:
         busy_since = self._busy_since
         return 0.0 if busy_since is None else time.monotonic() - busy_since
 
-    def shutdown(self) -> None:
+    def shutdown(self, grace_s: float = 0.0) -> None:
+        """Stop the thread. With grace_s, drain first: running requests get grace_s to finish (those left end with
+        the retryable shutting-down error) and the thread stops once idle; requests still there are aborted."""
+        if grace_s > 0 and self._thread.is_alive():
+            self.drain(grace_s)
+            deadline = time.monotonic() + grace_s + 5
+            while time.monotonic() < deadline and (self._busy_since is not None or not self._inbox.empty()):
+                time.sleep(0.05)
         self._stopping = True
         self._inbox.put(("stop",))
         self._thread.join(timeout=30)

@@ -123,7 +123,9 @@ class GlmEngineModel:
 
     def finalize(self):
         self.watchdog.stop()
-        self.engine_thread.shutdown()
+        # Triton unloads a decoupled model without waiting for its streams (it has released their requests): the
+        # streams finish here, within unload_grace_s, before the engine stops.
+        self.engine_thread.shutdown(grace_s=self.config.unload_grace_s)
         self.outbox.close()
         log.info("glm engine stopped")
 
