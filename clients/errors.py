@@ -82,7 +82,7 @@ def message_from_body(body: str) -> str:
 
 def from_http(status_code: int, message: str) -> GlmError:
     kind = _HTTP_STATUS.get(status_code) or (ServerError if status_code >= 500 else _from_message(message))
-    if "overloaded" in message.lower():  # Triton 2.51's generate endpoints answer every error with 400
+    if "overloaded" in message.lower():  # Triton 2.51's generate endpoints may answer it with 400
         kind = OverloadedError
     elif "shutting down" in message.lower():  # a draining server's 503 (or the generate endpoints' 400)
         kind = ServerUnavailableError

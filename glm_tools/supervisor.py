@@ -23,7 +23,8 @@ import threading
 import time
 from typing import Callable
 
-from .launcher import DRAIN_GRACE_S, MODEL_REPOSITORY, TritonServer, remove_stale_shm_regions
+from .launcher import (ALLOCATORS, DRAIN_GRACE_S, MODEL_REPOSITORY, TritonServer, allocator_library,
+                       remove_stale_shm_regions)
 
 
 def say(message: str, error: bool = False) -> None:
@@ -113,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ready-timeout", type=float, default=float(os.environ.get("READY_TIMEOUT_S", 600)),
                         help="restart a server that is not ready this many seconds after its start "
                              "(default %(default)s)")
+    parser.add_argument("--allocator", choices=("auto", *ALLOCATORS, "system"),
+                        default=os.environ.get("GLM_ALLOCATOR", "auto"),
+                        help="memory allocator of the server and its stubs; auto: jemalloc if installed "
+                             "(default %(default)s)")
     parser.add_argument("--max-restarts", type=int, default=5,
                         help="give up (exit 1) after more restarts than this within 10 minutes (default %(default)s)")
     args = parser.parse_args(argv)
@@ -122,9 +127,16 @@ def main(argv: list[str] | None = None) -> int:
         installed = (os.path.join(args.installed_triton, "bin", "tritonserver"),
                      os.path.join(args.installed_triton, "backends"))
     remove_stale_shm_regions()
+    try:
+        library = allocator_library(args.allocator)
+    except FileNotFoundError as exc:
+        say(str(exc), error=True)
+        return 2
+    say(f"memory allocator: {library}" if library else
+        "memory allocator: the system's malloc (install Debian's libjemalloc2 for jemalloc: docs/operations.md)")
     supervisor = Supervisor(
         lambda: TritonServer(args.http_port, args.grpc_port, args.metrics_port, args.model_dir, args.model_repository,
-                             installed_server=installed, drain_grace_s=args.drain_grace),
+                             installed_server=installed, drain_grace_s=args.drain_grace, allocator=args.allocator),
         ready_timeout_s=args.ready_timeout, max_restarts=args.max_restarts)
     stop = threading.Event()
     # Explicit handlers: a launcher started in the background inherits SIGINT as ignored, and Ctrl-C must work.

@@ -26,3 +26,10 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
   "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --editable "$repo"
   echo "$wanted" > "$stamp"
 fi
+# jemalloc for the server (docs/operations.md, "Memory over time"): best effort, as root with apt only; without it
+# the launcher uses the system's malloc.
+if ! compgen -G "/usr/lib/*/libjemalloc.so.2" >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "[setup] installing Debian's libjemalloc2 (the server's memory allocator)"
+  (apt-get install -y -qq libjemalloc2 || (apt-get update -qq && apt-get install -y -qq libjemalloc2)) >/dev/null 2>&1 \
+    || echo "[setup] could not install libjemalloc2: the server will use the system's malloc" >&2
+fi

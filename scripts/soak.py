@@ -9,9 +9,10 @@ half and at the end, and its growth over the second half in MB per hour, which t
     .venv/bin/python scripts/soak.py --minutes 30 --users 16 --out soak-results
     .venv/bin/python scripts/soak.py --minutes 30 --allocator jemalloc --out soak-jemalloc
 
---allocator preloads jemalloc or tcmalloc into the server and its stubs (Debian: libjemalloc2,
-libtcmalloc-minimal4), as Triton's docs suggest for Python-backend deployments. --reload-every N also reloads the
-glm model every N minutes (a model rollout), under the load.
+--allocator picks the malloc of the server and its stubs (system, jemalloc or tcmalloc: Debian's libjemalloc2,
+libtcmalloc-minimal4), as Triton's docs suggest for Python-backend deployments; auto, like the launcher, takes
+jemalloc when it is installed. --reload-every N also reloads the
+glm model every N minutes (a model rollout), under the load. --compare DIR... plots earlier runs side by side.
 """
 
 from __future__ import annotations
@@ -26,13 +27,8 @@ import tempfile
 import time
 import urllib.request
 
-from glm_tools.launcher import REPO, TritonServer, free_port
+from glm_tools.launcher import ALLOCATORS, REPO, TritonServer, allocator_library, free_port
 
-ALLOCATORS = {
-    "default": None,
-    "jemalloc": ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "libjemalloc2"),
-    "tcmalloc": ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", "libtcmalloc-minimal4"),
-}
 GAUGES = ("glm_kv_blocks_used", "glm_num_requests_running", "glm_num_requests_waiting",
           "glm_generation_tokens_total", "glm_requests_finished_total")
 
@@ -100,30 +96,60 @@ def plot(rows: list[dict], keys: list[str], path: str, title: str) -> None:
     figure.savefig(path, dpi=110)
 
 
+def compare(directories: list[str], path: str) -> None:
+    """One figure from earlier runs: glm's and tritonserver's RSS in each, labelled by its allocator."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    figure, panels = plt.subplots(1, 2, figsize=(11, 4.2))
+    for directory in directories:
+        with open(os.path.join(directory, "soak.json")) as f:
+            label = os.path.basename(json.load(f)["allocator"])
+        with open(os.path.join(directory, "soak.csv")) as f:
+            rows = list(csv.DictReader(f))
+        minutes = [float(row["seconds"]) / 60 for row in rows]
+        for panel, process in zip(panels, ("glm", "tritonserver")):
+            panel.plot(minutes, [float(row[f"rss_mb {process}"]) for row in rows], label=label)
+    for panel, process in zip(panels, ("glm", "tritonserver")):
+        panel.set_title(f"{process} RSS (MB)")
+        panel.set_xlabel("minutes")
+        panel.grid(alpha=0.3)
+        panel.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    print(f"[soak] wrote {path}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=30)
     parser.add_argument("--users", type=int, default=16)
     parser.add_argument("--interval", type=float, default=10, help="seconds between samples")
-    parser.add_argument("--allocator", choices=sorted(ALLOCATORS), default="default")
+    parser.add_argument("--allocator", choices=("auto", *ALLOCATORS, "system"), default="auto",
+                        help="as the launcher's --allocator (auto: jemalloc if installed)")
     parser.add_argument("--reload-every", type=float, default=0, help="reload glm every this many minutes (0: never)")
     parser.add_argument("--model-dir", default=os.path.join(REPO, "checkpoints", "glm-demo"))
     parser.add_argument("--out", default="soak-results")
+    parser.add_argument("--compare", nargs="+", metavar="DIR",
+                        help="run nothing: plot glm's and tritonserver's RSS of these earlier runs into "
+                             "OUT/soak-compare.png")
     args = parser.parse_args()
+    if args.compare:
+        os.makedirs(args.out, exist_ok=True)
+        compare(args.compare, os.path.join(args.out, "soak-compare.png"))
+        return 0
 
-    extra_env = {"OMP_NUM_THREADS": "2"}
-    if ALLOCATORS[args.allocator]:
-        library, package = ALLOCATORS[args.allocator]
-        if not os.path.exists(library):
-            sys.exit(f"{library} not found: install Debian's {package}")
-        extra_env["LD_PRELOAD"] = library
+    try:
+        allocator = allocator_library(args.allocator) or "system malloc"
+    except FileNotFoundError as exc:
+        sys.exit(str(exc))
     os.makedirs(args.out, exist_ok=True)
     log_path = os.path.join(args.out, "tritonserver.log")
     rows: list[dict] = []
     with TritonServer(free_port(), free_port(), free_port(), model_dir=args.model_dir, log_path=log_path,
-                      extra_env=extra_env) as server:
+                      extra_env={"OMP_NUM_THREADS": "2"}, allocator=args.allocator) as server:
         server.wait_ready()
-        print(f"[soak] server ready ({args.allocator} allocator); {args.users} users for {args.minutes:g} min",
+        print(f"[soak] server ready ({allocator}); {args.users} users for {args.minutes:g} min",
               flush=True)
         locust = subprocess.Popen(
             [sys.executable, os.path.join(REPO, "loadtests", "run.py"), "--host", f"http://{server.http_url}",
@@ -153,7 +179,7 @@ def main() -> int:
         writer = csv.DictWriter(f, fieldnames=["seconds", *keys, *GAUGES])
         writer.writeheader()
         writer.writerows(rows)
-    summary = {"allocator": args.allocator, "users": args.users, "minutes": args.minutes,
+    summary = {"allocator": allocator, "users": args.users, "minutes": args.minutes,
                "reload_every_minutes": args.reload_every, "samples": len(rows),
                "tokens": rows[-1]["glm_generation_tokens_total"] if rows else 0,
                "requests": rows[-1]["glm_requests_finished_total"] if rows else 0,
@@ -161,7 +187,7 @@ def main() -> int:
     with open(os.path.join(args.out, "soak.json"), "w") as f:
         json.dump(summary, f, indent=1)
     plot(rows, keys, os.path.join(args.out, "soak.png"),
-         f"RSS under {args.users} Locust users, {args.allocator} allocator")
+         f"RSS under {args.users} Locust users, {os.path.basename(allocator)}")
     print(json.dumps(summary, indent=1))
     print(f"[soak] wrote {args.out}/soak.csv, soak.json, soak.png")
     return 0

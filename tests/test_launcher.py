@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from glm_tools.launcher import PROCESS_ONLY_ENV, server_env
+from glm_tools.launcher import ALLOCATORS, PROCESS_ONLY_ENV, allocator_library, server_env
 
 
 def session_processes(leader: int) -> list[int]:
@@ -47,3 +47,24 @@ def test_a_server_started_from_the_tests_runs_no_kernel_in_the_interpreter(trito
     for pid in pids:
         assert "TRITON_INTERPRET" not in environment(pid), pid
         assert environment(pid)["GLM_MODEL_DIR"] == os.path.abspath(triton_server.model_dir)
+
+
+def test_allocators_are_found_or_refused_by_name():
+    assert allocator_library("system") is None
+    auto = allocator_library("auto")
+    assert auto is None or auto.endswith("libjemalloc.so.2")
+    for name, library in ALLOCATORS.items():
+        try:
+            assert allocator_library(name).endswith(library)
+        except FileNotFoundError as error:
+            assert "install Debian's" in str(error)
+
+
+@pytest.mark.integration
+def test_the_server_and_its_stubs_run_with_jemalloc_when_it_is_installed(triton_server):
+    library = allocator_library("auto")
+    if library is None:
+        pytest.skip("libjemalloc2 is not installed here (scripts/setup_env.sh installs it where it can)")
+    for pid in session_processes(triton_server.process.pid):
+        with open(f"/proc/{pid}/maps") as f:
+            assert library in f.read(), pid

@@ -191,6 +191,8 @@ def test_a_killed_model_process_is_seen_at_once_and_healed_by_the_launcher(demo_
         assert not_ready_after < 5
 
         assert wait_for(lambda: ready(http_port), timeout=180, interval=0.5), log_path.read_text()[-3000:]
+        print(f"\n[recovery] not ready {not_ready_after:.2f} s after the kill, ready again after "
+              f"{time.monotonic() - killed:.1f} s")
         response = requests.post(f"http://{url}/v2/models/ensemble/generate", timeout=60,
                                  json={"text_input": "after the crash", "max_tokens": 8})
         assert response.status_code == 200 and response.json()["num_output_tokens"] == 8
@@ -215,6 +217,7 @@ def test_shutdown_drains_streams_runs_finalize_and_leaves_no_shared_memory(demo_
             short_stream = pool.submit(stream, server.http_url, max_tokens=40)
             assert wait_for(lambda: metric(metrics(server), "glm_num_requests_running") == 4, timeout=30)
             regions = server.shm_regions()
+            stop_began = time.monotonic()
             stopping = pool.submit(server.stop)
             assert wait_for(lambda: os.path.exists(server.drain_file), timeout=5)
             time.sleep(1)
@@ -223,10 +226,12 @@ def test_shutdown_drains_streams_runs_finalize_and_leaves_no_shared_memory(demo_
             started = time.monotonic()
             stopping.result(timeout=60)
             stopped_in = time.monotonic() - started
+            print(f"\n[recovery] stop() took {time.monotonic() - stop_began:.1f} s with a {server.drain_grace_s:g} s "
+                  "drain grace")
             results = [future.result(timeout=30) for future in long_streams]
             short = short_stream.result(timeout=30)
-    # Triton's generate endpoint answers errors with 400 (docs/requests.md); the message says what happened.
-    assert late.status_code == 400 and "shutting down" in late.json()["error"], late.text
+    # Triton's generate endpoint answers it with 400 or 503 (docs/requests.md); the message says what happened.
+    assert late.status_code in (400, 503) and "shutting down" in late.json()["error"], late.text
     assert short["last"]["finish_reason"] == "length" and short["error"] is None, short
     for result in results:  # each stream ended with an error event naming the shutdown, not a cut connection
         assert result["error"] is None and result["events"] > 1, result
