@@ -88,7 +88,7 @@ def prepare_backend_dir(target: str = BUILD_BACKENDS) -> str:
 
 
 def server_args(http_port: int, grpc_port: int, metrics_port: int, model_repository: str = MODEL_REPOSITORY,
-                backend_dir: str = BUILD_BACKENDS, admin_key: str = "") -> list[str]:
+                backend_dir: str = BUILD_BACKENDS, admin_key: str = "", host: str = "127.0.0.1") -> list[str]:
     """The server's flags: the single place they are written down. Models are loaded through the model-repository
     API (all of them at the start), which, like the rest of RESTRICTED_APIS, only callers that send admin_key may
     use."""
@@ -96,8 +96,11 @@ def server_args(http_port: int, grpc_port: int, metrics_port: int, model_reposit
     return [
         f"--model-repository={model_repository}",
         f"--backend-directory={backend_dir}",
+        f"--http-address={host}",
         f"--http-port={http_port}",
+        f"--grpc-address={host}",
         f"--grpc-port={grpc_port}",
+        f"--metrics-address={host}",
         f"--metrics-port={metrics_port}",
         "--allow-metrics=true",
         "--exit-on-error=true",
@@ -147,10 +150,10 @@ def allocator_library(allocator: str) -> str | None:
     malloc. Raises FileNotFoundError for an allocator asked for by name that is not installed."""
     if allocator == "system":
         return None
-    for name in ([ALLOCATORS["jemalloc"]] if allocator == "auto" else [ALLOCATORS[allocator]]):
-        for directory in LIBRARY_DIRS:
-            if os.path.exists(path := os.path.join(directory, name)):
-                return path
+    name = ALLOCATORS["jemalloc" if allocator == "auto" else allocator]
+    for directory in LIBRARY_DIRS:
+        if os.path.exists(path := os.path.join(directory, name)):
+            return path
     if allocator == "auto":
         return None
     raise FileNotFoundError(f"{ALLOCATORS[allocator]} not found in {', '.join(LIBRARY_DIRS)}: install Debian's "
@@ -176,7 +179,9 @@ class TritonServer:
 
     def __init__(self, http_port=8000, grpc_port=8001, metrics_port=8002, model_dir=None,
                  model_repository=MODEL_REPOSITORY, log_path=None, extra_env=None, installed_server=None,
-                 drain_grace_s=DRAIN_GRACE_S, allocator="auto"):
+                 drain_grace_s=DRAIN_GRACE_S, allocator="auto", host="127.0.0.1", admin_key=None):
+        """host: the address the three endpoints listen on (0.0.0.0: every interface). admin_key: the control
+        plane's key; default GLM_ADMIN_KEY, else a random one."""
         self.http_port, self.grpc_port, self.metrics_port = http_port, grpc_port, metrics_port
         self.model_dir, self.model_repository, self.log_path = model_dir, model_repository, log_path
         self.extra_env = extra_env or {}
@@ -184,18 +189,24 @@ class TritonServer:
         self.installed_server = installed_server
         self.drain_grace_s = drain_grace_s
         self.allocator_library = allocator_library(allocator)
-        self.admin_key = os.environ.get(ADMIN_KEY_ENV) or secrets.token_hex(16)
+        self.host = host
+        self.admin_key = admin_key or os.environ.get(ADMIN_KEY_ENV) or secrets.token_hex(16)
         self.process: subprocess.Popen | None = None
         self._run_dir: str | None = None  # holds the drain file
         self._shm_regions: set[str] = set()  # the Python backend's shared-memory files this server has mapped
 
     @property
+    def client_host(self) -> str:
+        """Where this machine reaches the server."""
+        return "localhost" if self.host in ("127.0.0.1", "0.0.0.0", "::") else self.host
+
+    @property
     def http_url(self) -> str:
-        return f"localhost:{self.http_port}"
+        return f"{self.client_host}:{self.http_port}"
 
     @property
     def grpc_url(self) -> str:
-        return f"localhost:{self.grpc_port}"
+        return f"{self.client_host}:{self.grpc_port}"
 
     @property
     def drain_file(self) -> str:
@@ -211,7 +222,7 @@ class TritonServer:
         if self.allocator_library:
             env["LD_PRELOAD"] = os.pathsep.join(p for p in (self.allocator_library, env.get("LD_PRELOAD")) if p)
         command = [binary, *server_args(self.http_port, self.grpc_port, self.metrics_port, self.model_repository,
-                                        backend_dir, self.admin_key)]
+                                        backend_dir, self.admin_key, self.host)]
         output = open(self.log_path, "w") if self.log_path else None
         # A session of its own, so stopping it also stops the Python stub processes it started.
         self.process = subprocess.Popen(command, env={**env, **self.extra_env},
@@ -238,8 +249,9 @@ class TritonServer:
             time.sleep(0.5)
         raise TimeoutError(f"tritonserver not ready after {timeout:.0f}s")
 
-    def stub_processes(self) -> dict[int, str]:
-        """The server's live Python stub processes: pid -> the model it runs (from the model.py path it was given)."""
+    def stub_processes(self) -> dict[int, tuple[str, str]]:
+        """The server's live Python stub processes: pid -> (model, instance), e.g. ("glm", "glm_0_0"), from the
+        command line Triton gives each: the model's <repository>/<model>/<version>/model.py, then the instance."""
         stubs = {}
         for proc in glob.glob("/proc/[0-9]*"):
             pid = int(proc[6:])
@@ -252,8 +264,8 @@ class TritonServer:
             except (OSError, ValueError):  # it exited meanwhile
                 continue
             if len(argv) > 1:  # a dead one not yet reaped (a zombie) has no command line
-                # argv[1] is <repository>/<model>/<version>/model.py
-                stubs[pid] = os.path.basename(os.path.dirname(os.path.dirname(argv[1])))
+                model = os.path.basename(os.path.dirname(os.path.dirname(argv[1])))
+                stubs[pid] = (model, next((arg for arg in argv[2:] if arg.startswith(model + "_")), model))
         return stubs
 
     def shm_regions(self) -> set[str]:
@@ -292,7 +304,7 @@ class TritonServer:
     def engine_requests(self) -> int | None:
         """Requests running or waiting in the glm engines, from the metrics endpoint; None if it cannot be read."""
         try:
-            with urllib.request.urlopen(f"http://localhost:{self.metrics_port}/metrics", timeout=2) as response:
+            with urllib.request.urlopen(f"http://{self.client_host}:{self.metrics_port}/metrics", timeout=2) as response:
                 text = response.read().decode()
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             return None
@@ -329,7 +341,7 @@ class TritonServer:
 
     def stop(self) -> None:
         """Drain, unload the models, then SIGTERM; a server that is left waiting only for idle client connections
-        is killed after a few seconds, as nothing of it needs cleaning up any more."""
+        is killed a second later, as nothing of it needs cleaning up any more."""
         if self.process is None:
             return
         if self.process.poll() is None:
@@ -337,7 +349,7 @@ class TritonServer:
             self.unload_models()
             os.killpg(self.process.pid, signal.SIGTERM)
             try:
-                self.process.wait(timeout=3)
+                self.process.wait(timeout=1)
             except subprocess.TimeoutExpired:
                 pass
         self.kill()

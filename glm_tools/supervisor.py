@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import signal
 import sys
 import threading
 import time
 from typing import Callable
 
-from .launcher import (ALLOCATORS, DRAIN_GRACE_S, MODEL_REPOSITORY, TritonServer, allocator_library,
+from .launcher import (ADMIN_KEY_ENV, ALLOCATORS, DRAIN_GRACE_S, MODEL_REPOSITORY, TritonServer, allocator_library,
                        remove_stale_shm_regions)
 
 
@@ -85,20 +86,25 @@ class Supervisor:
             if server.process.poll() is not None:
                 return f"tritonserver exited with code {server.process.returncode}"
             alive = server.stub_processes()
-            gone = {pid: model for pid, model in stubs.items() if pid not in alive}
+            # A stub that has gone without a successor for its instance (a reload starts the new one first), while
+            # its model is loaded, has died.
+            gone = {pid: (model, instance) for pid, (model, instance) in stubs.items() if pid not in alive
+                    and instance not in {alive_instance for _, alive_instance in alive.values()}}
             if gone:
                 states = model_states(server)
-                crashed = {pid: model for pid, model in gone.items() if states.get(model, "READY") == "READY"
-                           and model not in alive.values()}
+                crashed = {pid: instance for pid, (model, instance) in gone.items()
+                           if states.get(model, "READY") == "READY"}
                 if crashed:
-                    return "the process of model " + ", ".join(f"{model!r} (pid {pid})" for pid, model in
-                                                                crashed.items()) + " died while the model was loaded"
+                    return "the process of model instance " + ", ".join(
+                        f"{instance} (pid {pid})" for pid, instance in crashed.items()) + " died while its model " \
+                        "was loaded"
             stubs = alive  # models loaded or unloaded on purpose come and go
         return None
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Run tritonserver on Open-AutoGLM's model repository, and keep it serving.")
+    parser = argparse.ArgumentParser(
+        description="Run tritonserver on Open-AutoGLM's model repository, and keep it serving.")
     parser.add_argument("--http-port", type=int, default=int(os.environ.get("HTTP_PORT", 8000)))
     parser.add_argument("--grpc-port", type=int, default=int(os.environ.get("GRPC_PORT", 8001)))
     parser.add_argument("--metrics-port", type=int, default=int(os.environ.get("METRICS_PORT", 8002)))
@@ -118,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
                         default=os.environ.get("GLM_ALLOCATOR", "auto"),
                         help="memory allocator of the server and its stubs; auto: jemalloc if installed "
                              "(default %(default)s)")
+    parser.add_argument("--host", default=os.environ.get("GLM_HOST", "127.0.0.1"),
+                        help="address to listen on; 0.0.0.0 for every interface (default %(default)s)")
     parser.add_argument("--max-restarts", type=int, default=5,
                         help="give up (exit 1) after more restarts than this within 10 minutes (default %(default)s)")
     args = parser.parse_args(argv)
@@ -134,9 +142,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     say(f"memory allocator: {library}" if library else
         "memory allocator: the system's malloc (install Debian's libjemalloc2 for jemalloc: docs/operations.md)")
+    admin_key = os.environ.get(ADMIN_KEY_ENV)
+    if not admin_key:  # one key for every restart, so that an operator's key stays valid
+        admin_key = secrets.token_hex(16)
+        say(f"control-plane key (set {ADMIN_KEY_ENV} to choose it): {admin_key}")
     supervisor = Supervisor(
         lambda: TritonServer(args.http_port, args.grpc_port, args.metrics_port, args.model_dir, args.model_repository,
-                             installed_server=installed, drain_grace_s=args.drain_grace, allocator=args.allocator),
+                             installed_server=installed, drain_grace_s=args.drain_grace, allocator=args.allocator,
+                             host=args.host, admin_key=admin_key),
         ready_timeout_s=args.ready_timeout, max_restarts=args.max_restarts)
     stop = threading.Event()
     # Explicit handlers: a launcher started in the background inherits SIGINT as ignored, and Ctrl-C must work.

@@ -46,7 +46,7 @@ def rss_mb(pid: int) -> float | None:
 
 def engine_gauges(server: TritonServer) -> dict[str, float]:
     """Each gauge summed over its label sets (finish reasons, instances)."""
-    with urllib.request.urlopen(f"http://localhost:{server.metrics_port}/metrics", timeout=5) as response:
+    with urllib.request.urlopen(f"http://{server.client_host}:{server.metrics_port}/metrics", timeout=5) as response:
         text = response.read().decode()
     totals = dict.fromkeys(GAUGES, 0.0)
     for line in text.splitlines():
@@ -58,7 +58,7 @@ def engine_gauges(server: TritonServer) -> dict[str, float]:
 
 def sample(server: TritonServer, started: float) -> dict[str, float]:
     row = {"seconds": round(time.monotonic() - started, 1), "rss_mb tritonserver": rss_mb(server.process.pid)}
-    for pid, model in sorted(server.stub_processes().items(), key=lambda item: item[1]):
+    for pid, (model, _) in sorted(server.stub_processes().items(), key=lambda item: item[1]):
         key = f"rss_mb {model}"
         row[key] = round(row.get(key, 0) + (rss_mb(pid) or 0), 1)
     row.update(engine_gauges(server))

@@ -82,6 +82,7 @@ def test_health_check_asks_for_readiness(service):
 def test_the_launcher_gets_sigterm_and_time_to_drain_and_compose_restarts_it(service):
     """`exec`: the launcher, not bash, is the container's main process, so `docker compose stop` reaches it."""
     assert "exec python3 /workspace/scripts/triton_server.py" in " ".join(service["command"].split())
+    assert "--host 0.0.0.0" in service["command"]  # the launcher listens on 127.0.0.1 unless told otherwise
     grace = int(service["stop_grace_period"].rstrip("s"))
     assert grace > DRAIN_GRACE_S + EXIT_TIMEOUT_S + 5
     assert service["restart"] in ("always", "unless-stopped", "on-failure")

@@ -68,3 +68,19 @@ def test_the_server_and_its_stubs_run_with_jemalloc_when_it_is_installed(triton_
     for pid in session_processes(triton_server.process.pid):
         with open(f"/proc/{pid}/maps") as f:
             assert library in f.read(), pid
+
+
+@pytest.mark.integration
+def test_the_server_listens_on_the_loopback_address_unless_told_otherwise(triton_server):
+    listening = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                address, port = local.rsplit(":", 1)
+                if state == "0A":  # LISTEN
+                    listening.setdefault(int(port, 16), set()).add(address)
+    for port in (triton_server.http_port, triton_server.grpc_port, triton_server.metrics_port):
+        # 127.0.0.1 only, as IPv4 or IPv4-mapped IPv6 (gRPC's listener)
+        assert listening.get(port) and listening[port] <= {"0100007F", "0000000000000000FFFF00000100007F"}, \
+            (port, listening.get(port))

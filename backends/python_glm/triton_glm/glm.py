@@ -123,8 +123,8 @@ class GlmEngineModel:
 
     def finalize(self):
         self.watchdog.stop()
-        # Triton unloads a decoupled model without waiting for its streams (it has released their requests): the
-        # streams finish here, within unload_grace_s, before the engine stops.
+        # Requests still running when Triton unloads the model (a reload under load) get unload_grace_s to finish
+        # before the engine stops; after the launcher's drain there are none.
         self.engine_thread.shutdown(grace_s=self.config.unload_grace_s)
         self.outbox.close()
         log.info("glm engine stopped")
