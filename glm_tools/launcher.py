@@ -250,32 +250,12 @@ class TritonServer:
         raise TimeoutError(f"tritonserver not ready after {timeout:.0f}s")
 
     def stub_processes(self) -> dict[int, tuple[str, str]]:
-        """The server's live Python stub processes: pid -> (model, instance), e.g. ("glm", "glm_0_0"), from the
-        command line Triton gives each: the model's <repository>/<model>/<version>/model.py, then the instance."""
-        stubs = {}
-        for proc in glob.glob("/proc/[0-9]*"):
-            pid = int(proc[6:])
-            try:
-                with open(f"{proc}/comm") as f:
-                    if f.read().strip() != STUB_NAME or os.getpgid(pid) != self.process.pid:
-                        continue
-                with open(f"{proc}/cmdline", "rb") as f:
-                    argv = f.read().decode(errors="replace").split("\0")
-            except (OSError, ValueError):  # it exited meanwhile
-                continue
-            if len(argv) > 1:  # a dead one not yet reaped (a zombie) has no command line
-                model = os.path.basename(os.path.dirname(os.path.dirname(argv[1])))
-                stubs[pid] = (model, next((arg for arg in argv[2:] if arg.startswith(model + "_")), model))
-        return stubs
+        return stub_processes(self.process.pid)
 
     def shm_regions(self) -> set[str]:
         """The shared-memory regions the server has mapped so far (adding those mapped now): kill() removes any that
         are left behind."""
-        try:
-            with open(f"/proc/{self.process.pid}/maps") as f:
-                self._shm_regions |= {line.split()[-1] for line in f if "/dev/shm/triton_python" in line}
-        except OSError:
-            pass
+        self._shm_regions |= mapped_shm_regions(self.process.pid)
         return set(self._shm_regions)
 
     def repository(self, path: str = "index", body: dict | None = None) -> list | None:
@@ -301,15 +281,24 @@ class TritonServer:
             return False
         return self.repository(f"models/{name}/load", {"parameters": {"config": config}}) is not None
 
-    def engine_requests(self) -> int | None:
-        """Requests running or waiting in the glm engines, from the metrics endpoint; None if it cannot be read."""
+    def metric_totals(self, names: tuple[str, ...]) -> dict[str, float] | None:
+        """Each of these metrics from the metrics endpoint, summed over its labels; None if it cannot be read."""
         try:
-            with urllib.request.urlopen(f"http://{self.client_host}:{self.metrics_port}/metrics", timeout=2) as response:
+            with urllib.request.urlopen(f"http://{self.client_host}:{self.metrics_port}/metrics", timeout=5) as response:
                 text = response.read().decode()
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             return None
-        return sum(int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
-                   if line.startswith(("glm_num_requests_running{", "glm_num_requests_waiting{")))
+        totals = dict.fromkeys(names, 0.0)
+        for line in text.splitlines():
+            name = line.split("{")[0].split(" ")[0]
+            if name in totals:
+                totals[name] += float(line.rsplit(" ", 1)[1])
+        return totals
+
+    def engine_requests(self) -> int | None:
+        """Requests running or waiting in the glm engines; None if the metrics cannot be read."""
+        totals = self.metric_totals(("glm_num_requests_running", "glm_num_requests_waiting"))
+        return None if totals is None else int(sum(totals.values()))
 
     def drain(self) -> None:
         """Ask the engines to drain (glm_engine.watchdog) and wait until they hold no request: those still running
@@ -378,16 +367,40 @@ class TritonServer:
         self.stop()
 
 
+def stub_processes(server_pid: int) -> dict[int, tuple[str, str]]:
+    """The live Python stub processes of the server `server_pid` (the leader of their process group): pid ->
+    (model, instance), e.g. ("glm", "glm_0_0"), from the command line Triton gives each: the model's
+    <repository>/<model>/<version>/model.py, then the instance."""
+    stubs = {}
+    for proc in glob.glob("/proc/[0-9]*"):
+        pid = int(proc[6:])
+        try:
+            with open(f"{proc}/comm") as f:
+                if f.read().strip() != STUB_NAME or os.getpgid(pid) != server_pid:
+                    continue
+            with open(f"{proc}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+        except (OSError, ValueError):  # it exited meanwhile
+            continue
+        if len(argv) > 1:  # a dead one not yet reaped (a zombie) has no command line
+            model = os.path.basename(os.path.dirname(os.path.dirname(argv[1])))
+            stubs[pid] = (model, next((arg for arg in argv[2:] if arg.startswith(model + "_")), model))
+    return stubs
+
+
+def mapped_shm_regions(pid: int | str) -> set[str]:
+    """The Python backend's shared-memory files that process `pid` maps ({} if it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return {line.split()[-1] for line in f if "/dev/shm/triton_python" in line}
+    except OSError:
+        return set()
+
+
 def remove_stale_shm_regions(min_age_s: float = 60.0) -> None:
     """Remove the Python backend's shared-memory files that no process maps any more (a server killed before this
     launcher could clean up after it); young ones may belong to a server that is starting."""
-    mapped = set()
-    for maps in glob.glob("/proc/[0-9]*/maps"):
-        try:
-            with open(maps) as f:
-                mapped |= {line.split()[-1] for line in f if "/dev/shm/triton_python" in line}
-        except OSError:
-            continue
+    mapped = set().union(*(mapped_shm_regions(proc[6:]) for proc in glob.glob("/proc/[0-9]*")))
     for region in glob.glob(SHM_PATTERN):
         try:
             if region not in mapped and time.time() - os.stat(region).st_mtime > min_age_s:

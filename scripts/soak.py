@@ -24,7 +24,6 @@ import os
 import subprocess
 import sys
 import time
-import urllib.request
 
 from glm_tools.launcher import ALLOCATORS, REPO, TritonServer, allocator_library, free_port
 
@@ -43,24 +42,15 @@ def rss_mb(pid: int) -> float | None:
     return None
 
 
-def engine_gauges(server: TritonServer) -> dict[str, float]:
-    """Each gauge summed over its label sets (finish reasons, instances)."""
-    with urllib.request.urlopen(f"http://{server.client_host}:{server.metrics_port}/metrics", timeout=5) as response:
-        text = response.read().decode()
-    totals = dict.fromkeys(GAUGES, 0.0)
-    for line in text.splitlines():
-        name = line.split("{")[0].split(" ")[0]
-        if name in totals:
-            totals[name] += float(line.rsplit(" ", 1)[1])
-    return totals
-
-
 def sample(server: TritonServer, started: float) -> dict[str, float]:
     row = {"seconds": round(time.monotonic() - started, 1), "rss_mb tritonserver": rss_mb(server.process.pid)}
     for pid, (model, _) in sorted(server.stub_processes().items(), key=lambda item: item[1]):
         key = f"rss_mb {model}"
         row[key] = round(row.get(key, 0) + (rss_mb(pid) or 0), 1)
-    row.update(engine_gauges(server))
+    gauges = server.metric_totals(GAUGES)
+    if gauges is None:
+        raise RuntimeError(f"the server's metrics at {server.client_host}:{server.metrics_port} cannot be read")
+    row.update(gauges)
     return row
 
 

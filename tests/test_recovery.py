@@ -25,7 +25,7 @@ from tritonclient.utils import InferenceServerException
 
 from glm_engine import EngineConfig, EngineThread, LLMEngine, SamplingParams, Unavailable
 from glm_engine.watchdog import STALLED_EXIT_STATUS, Watchdog
-from glm_tools.launcher import ADMIN_KEY_HEADER, EXIT_TIMEOUT_S, GRPC_ADMIN_KEY_HEADER, STUB_NAME, free_port
+from glm_tools.launcher import ADMIN_KEY_HEADER, EXIT_TIMEOUT_S, GRPC_ADMIN_KEY_HEADER, free_port, stub_processes
 
 LONG = SamplingParams(max_tokens=400, stop_token_ids=())
 
@@ -135,20 +135,6 @@ def ready(http_port: int) -> bool:
         return False
 
 
-def stubs_of(server_pid: int) -> dict[int, str]:
-    """The Python stub processes of a server: pid -> its command line."""
-    found = {}
-    for proc in glob.glob("/proc/[0-9]*"):
-        try:
-            with open(f"{proc}/comm") as f:
-                if f.read().strip() == STUB_NAME and os.getpgid(int(proc[6:])) == server_pid:
-                    with open(f"{proc}/cmdline", "rb") as f:
-                        found[int(proc[6:])] = f.read().decode().replace("\0", " ")
-        except OSError:
-            continue
-    return found
-
-
 def server_pid_of(launcher_pid: int) -> int | None:
     for proc in glob.glob("/proc/[0-9]*"):
         try:
@@ -176,7 +162,7 @@ def test_a_killed_model_process_is_seen_at_once_and_healed_by_the_launcher(demo_
         assert wait_for(lambda: ready(http_port), timeout=180, interval=0.5), log_path.read_text()[-3000:]
         url = f"localhost:{http_port}"
         server_pid = server_pid_of(launcher.pid)
-        (glm_stub,) = [pid for pid, command in stubs_of(server_pid).items() if "/glm/" in command]
+        (glm_stub,) = [pid for pid, (model, _) in stub_processes(server_pid).items() if model == "glm"]
 
         with ThreadPoolExecutor(4) as pool:
             streams = [pool.submit(stream, url) for _ in range(4)]
