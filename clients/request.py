@@ -86,6 +86,7 @@ class Generation:
     num_input_tokens: int
     num_output_tokens: int
     cum_log_prob: float | None = None
+    glm_version: int | None = None  # the version of the glm model that answered (docs/versions.md)
 
 
 @dataclass
@@ -96,6 +97,7 @@ class Piece:
     num_input_tokens: int = 0
     num_output_tokens: int = 0
     cum_log_prob: float | None = None
+    glm_version: int | None = None
 
     @classmethod
     def from_outputs(cls, get) -> "Piece":
@@ -108,8 +110,9 @@ class Piece:
             value = value.reshape(-1)[0] if value.size else None
             return value.decode() if isinstance(value, bytes) else value
 
-        cum = scalar("cum_log_probs")
+        cum, version = scalar("cum_log_probs"), scalar("glm_version")
         return cls(text=scalar("text_output") or "", finish_reason=scalar("finish_reason") or "",
                    num_input_tokens=int(scalar("num_input_tokens") or 0),
                    num_output_tokens=int(scalar("num_output_tokens") or 0),
-                   cum_log_prob=None if cum is None else float(cum))
+                   cum_log_prob=None if cum is None else float(cum),
+                   glm_version=None if version is None else int(version))

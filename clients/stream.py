@@ -22,7 +22,7 @@ class _Collector:
     def generation(self) -> Generation:
         last = self.last
         return Generation("".join(self.texts), last.finish_reason, last.num_input_tokens, last.num_output_tokens,
-                          last.cum_log_prob if self.wants_log_prob else None)
+                          last.cum_log_prob if self.wants_log_prob else None, last.glm_version)
 
 
 class TextStream:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sysconfig
 import time
 
@@ -33,6 +34,10 @@ CORPUS_BYTES = 3_000_000
 # The Chinese sample is small; it is repeated so that Chinese characters and their UTF-8 byte pieces earn a share of
 # the vocabulary, and a random model's answers contain characters split across tokens (what streaming must handle).
 CHINESE_WEIGHT = 40
+
+# The benchmarks' bigger model (scripts/bench_engine.py, scripts/bench_rollout.py): about 30M parameters.
+BENCH_ARCHITECTURE = dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=8, num_attention_heads=8,
+                          num_key_value_heads=2, head_dim=64)
 
 
 def corpus_files() -> list[str]:
@@ -88,13 +93,20 @@ def random_weights(config: dict, seed: int, std: float) -> dict[str, torch.Tenso
 
 
 def build_demo_model(out_dir: str, seed: int = 0, vocab_size: int = 8192, init_std: float = 0.05,
-                     architecture: dict | None = None) -> str:
-    """Write the checkpoint to `out_dir`; `architecture` overrides ARCHITECTURE's sizes (the benchmark's model)."""
+                     architecture: dict | None = None, tokenizer_from: str | None = None) -> str:
+    """Write the checkpoint to `out_dir`; `architecture` overrides ARCHITECTURE's sizes (the benchmark's model);
+    `tokenizer_from`: a checkpoint whose tokenizer.json to take instead of training one (a new version of a served
+    model keeps its tokenizer: docs/versions.md)."""
     started = time.time()
     os.makedirs(out_dir, exist_ok=True)
-    print(f"[demo model] training a {vocab_size}-token byte-level BPE tokenizer on local text...", flush=True)
-    tokenizer = train_tokenizer(vocab_size)
-    tokenizer.save(os.path.join(out_dir, "tokenizer.json"))
+    if tokenizer_from:
+        print(f"[demo model] tokenizer from {tokenizer_from}", flush=True)
+        shutil.copyfile(os.path.join(tokenizer_from, "tokenizer.json"), os.path.join(out_dir, "tokenizer.json"))
+        tokenizer = Tokenizer.from_file(os.path.join(out_dir, "tokenizer.json"))
+    else:
+        print(f"[demo model] training a {vocab_size}-token byte-level BPE tokenizer on local text...", flush=True)
+        tokenizer = train_tokenizer(vocab_size)
+        tokenizer.save(os.path.join(out_dir, "tokenizer.json"))
     tid = tokenizer.token_to_id
     eos_ids = [tid("<|endoftext|>"), tid("<|user|>"), tid("<|observation|>")]
 
@@ -127,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tokenizer-from", metavar="DIR",
+                        help="take this checkpoint's tokenizer instead of training one (another version of it)")
     args = parser.parse_args(argv)
-    build_demo_model(args.out, args.seed)
+    build_demo_model(args.out, args.seed, tokenizer_from=args.tokenizer_from)
     return 0

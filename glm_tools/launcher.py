@@ -252,6 +252,10 @@ class TritonServer:
     def stub_processes(self) -> dict[int, tuple[str, str]]:
         return stub_processes(self.process.pid)
 
+    def resident_mb(self) -> float:
+        """Resident memory of tritonserver and its stubs together, in MiB."""
+        return sum(resident_mb(pid) or 0.0 for pid in [self.process.pid, *self.stub_processes()])
+
     def shm_regions(self) -> set[str]:
         """The shared-memory regions the server has mapped so far (adding those mapped now): kill() removes any that
         are left behind."""
@@ -386,6 +390,18 @@ def stub_processes(server_pid: int) -> dict[int, tuple[str, str]]:
             model = os.path.basename(os.path.dirname(os.path.dirname(argv[1])))
             stubs[pid] = (model, next((arg for arg in argv[2:] if arg.startswith(model + "_")), model))
     return stubs
+
+
+def resident_mb(pid: int) -> float | None:
+    """A process's resident memory (VmRSS) in MiB; None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
 
 
 def mapped_shm_regions(pid: int | str) -> set[str]:

@@ -32,12 +32,8 @@ import numpy as np
 import torch
 
 from glm_engine import EngineConfig, LLMEngine, SamplingParams
-from glm_tools.demo_model import build_demo_model
+from glm_tools.demo_model import BENCH_ARCHITECTURE, build_demo_model
 from glm_tools.launcher import TritonServer, free_port
-
-BENCH_ARCHITECTURE = dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=8, num_attention_heads=8,
-                          num_key_value_heads=2, head_dim=64)
-
 
 def workload(num_requests: int, vocab: int, seed: int = 0) -> list[tuple[list[int], int]]:
     """(prompt token ids, output length) pairs; special tokens (ids < 16) are left out of prompts."""

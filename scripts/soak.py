@@ -25,28 +25,17 @@ import subprocess
 import sys
 import time
 
-from glm_tools.launcher import ALLOCATORS, REPO, TritonServer, allocator_library, free_port
+from glm_tools.launcher import ALLOCATORS, REPO, TritonServer, allocator_library, free_port, resident_mb
 
 GAUGES = ("glm_kv_blocks_used", "glm_num_requests_running", "glm_num_requests_waiting",
           "glm_generation_tokens_total", "glm_requests_finished_total")
 
 
-def rss_mb(pid: int) -> float | None:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
-
-
 def sample(server: TritonServer, started: float) -> dict[str, float]:
-    row = {"seconds": round(time.monotonic() - started, 1), "rss_mb tritonserver": rss_mb(server.process.pid)}
+    row = {"seconds": round(time.monotonic() - started, 1), "rss_mb tritonserver": resident_mb(server.process.pid)}
     for pid, (model, _) in sorted(server.stub_processes().items(), key=lambda item: item[1]):
         key = f"rss_mb {model}"
-        row[key] = round(row.get(key, 0) + (rss_mb(pid) or 0), 1)
+        row[key] = round(row.get(key, 0) + (resident_mb(pid) or 0), 1)
     gauges = server.metric_totals(GAUGES)
     if gauges is None:
         raise RuntimeError(f"the server's metrics at {server.client_host}:{server.metrics_port} cannot be read")

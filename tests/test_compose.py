@@ -52,12 +52,14 @@ def test_mounted_paths_exist_and_the_checkpoint_comes_from_the_environment(servi
     for volume in service["volumes"]:
         source, target = split_volume(volume)
         targets[target] = source
-        if source.startswith("${GLM_MODEL_DIR"):
-            # Without GLM_MODEL_DIR the demo checkpoint that serve.sh / make_demo_model.py build is served.
+        if source.startswith("${"):
+            # Without GLM_MODEL_DIR the demo checkpoint that serve.sh / make_demo_model.py build is served; without
+            # GLM_CHECKPOINTS, new versions' checkpoints are looked for beside it.
             from glm_tools.demo_model import DEFAULT_OUT
 
-            default = source.split(":-", 1)[1].rstrip("}")
-            assert os.path.normpath(os.path.join(REPO, default)) == DEFAULT_OUT
+            variable, default = source[2:].rstrip("}").split(":-", 1)
+            expected = {"GLM_MODEL_DIR": DEFAULT_OUT, "GLM_CHECKPOINTS": os.path.dirname(DEFAULT_OUT)}[variable]
+            assert os.path.normpath(os.path.join(REPO, default)) == expected
         else:
             assert os.path.exists(os.path.join(REPO, source)), source
     assert targets["/opt/tritonserver/backends/python_glm"] == "./backends/python_glm"
@@ -70,7 +72,7 @@ def test_the_server_starts_through_the_shared_launcher(service):
     assert command[1].endswith("scripts/triton_server.py")
     assert command[command.index("--installed-triton") + 1] == "/opt/tritonserver"
     repository = command[command.index("--model-repository") + 1]
-    assert any(v.endswith(":" + repository + ":ro") for v in service["volumes"])
+    assert any(v.endswith(":" + repository) for v in service["volumes"])  # writable, for glm_versions.py
     requirements = [v for v in service["volumes"] if "requirements-gpu.txt" in v]
     assert requirements and "pip install" in service["command"]
 

@@ -54,8 +54,7 @@ def test_the_ensemble_maps_each_input_to_its_glm_name():
     expected_map = {t.glm_input: t.name for t in REQUEST_INPUTS if t.name != "text_input"}
     assert {key: value for key, value in input_map.items() if not value.startswith("_")} == expected_map
     output_map = dict(re.findall(r'output_map \{ key: "(\w+)", value: "(\w+)" \}', glm_step))
-    assert {key for key, value in output_map.items() if not value.startswith("_")} == \
-        {t.name for t in REQUEST_OUTPUTS[1:]}  # text_output comes from postprocessing
+    assert output_map == {t.name: t.name for t in REQUEST_OUTPUTS}  # glm is the last step: see the config
 
 
 def test_the_client_sdk_sends_schema_inputs_with_their_types():

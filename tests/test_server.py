@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import queue
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -182,16 +181,36 @@ def glm_inputs(demo_model_dir, prompt: str, max_tokens: int, streaming: bool):
     return inputs
 
 
-def first_generated_token(server, demo_model_dir, prompt: str) -> int:
-    """The first token the glm model generates for `prompt`, read from its own output_ids."""
+def glm_answer(server, demo_model_dir, prompt: str, max_tokens: int):
+    """The glm model's own single response for `prompt` (its InferResult)."""
     results: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(server.grpc_url)
     client.start_stream(callback=lambda result, error: results.put((result, error)))
-    client.async_stream_infer("glm", glm_inputs(demo_model_dir, prompt, 12, streaming=False))
+    client.async_stream_infer("glm", glm_inputs(demo_model_dir, prompt, max_tokens, streaming=False))
     result, error = results.get(timeout=60)
     client.stop_stream()
     assert error is None
-    return int(result.as_numpy("output_ids").reshape(-1)[0])
+    return result
+
+
+def first_generated_token(server, demo_model_dir, prompt: str) -> int:
+    """The first token the glm model generates for `prompt`, read from its own output_ids."""
+    return int(glm_answer(server, demo_model_dir, prompt, 12).as_numpy("output_ids").reshape(-1)[0])
+
+
+def test_postprocessing_decodes_glm_ids_to_the_text_glm_and_the_ensemble_send(triton_server, demo_model_dir):
+    """The ensemble takes its text from glm; the postprocessing model (kept for clients that call it) decodes glm's
+    output_ids to the same text."""
+    prompt = "天气 and weather"
+    result = glm_answer(triton_server, demo_model_dir, prompt, 24)
+    ids, text = result.as_numpy("output_ids"), result.as_numpy("text_output").reshape(-1)[0].decode()
+    inputs = [grpcclient.InferInput("TOKENS_BATCH", list(ids.shape), "INT32"),
+              grpcclient.InferInput("SEQUENCE_LENGTH", [1, 1], "INT32")]
+    inputs[0].set_data_from_numpy(ids)
+    inputs[1].set_data_from_numpy(np.array([[ids.shape[-1]]], dtype=np.int32))
+    decoded = grpcclient.InferenceServerClient(triton_server.grpc_url).infer("postprocessing", inputs)
+    assert decoded.as_numpy("OUTPUT").reshape(-1)[0].decode() == text
+    assert text == generate_text(triton_server, prompt, max_tokens=24) and text
 
 
 def test_end_id_stops_and_ignore_eos_overrides_it(triton_server, demo_model_dir):

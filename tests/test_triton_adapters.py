@@ -81,7 +81,8 @@ def test_only_the_outputs_the_client_asked_for_are_sent(tokenizer):
         responses.on_output(output(tokenizer.encode("ok", add_special_tokens=False)))
         responses.on_output(output([], finished=True, reason=FinishReason.LENGTH))
     assert all(set(r.outputs) == {"output_ids", "finish_reason"} for r, _ in asked.sent)
-    assert all(len(r.outputs) == 8 for r, _ in everything.sent)
+    assert all(len(r.outputs) == 10 for r, _ in everything.sent)
+    assert all(r.outputs["glm_version"].item() == 1 for r, _ in everything.sent)
     assert asked.sent[-1][0].outputs["finish_reason"].item() == b"length"
 
 

@@ -14,9 +14,9 @@ from glm_tools.launcher import MODEL_REPOSITORY, TritonServer, free_port, model_
 
 @contextlib.contextmanager
 def running_server(model_dir: str, work_dir: str, engine_parameters: dict[str, str] | None = None):
-    """The real tritonserver on free ports, serving model_dir, its log in work_dir; with engine_parameters, from a
-    copy of the model repository in work_dir whose glm config.pbtxt has those parameters instead."""
-    repository = model_repository_with(engine_parameters, work_dir) if engine_parameters else MODEL_REPOSITORY
+    """The real tritonserver on free ports, serving model_dir, its log in work_dir; with engine_parameters (even {}),
+    from a copy of the model repository in work_dir whose glm config.pbtxt has those parameters instead."""
+    repository = MODEL_REPOSITORY if engine_parameters is None else model_repository_with(engine_parameters, work_dir)
     log_path = os.path.join(work_dir, "tritonserver.log")
     server = TritonServer(free_port(), free_port(), free_port(), model_dir=model_dir, log_path=log_path,
                           model_repository=repository, extra_env={"OMP_NUM_THREADS": "2"})

@@ -11,6 +11,7 @@ from .checkpoint import load_state_dict
 from .config import EngineConfig, ModelConfig
 from .cuda_graph import DecodeGraphs, graph_batch_sizes
 from .glm_model import GlmForCausalLM
+from .memory import RESERVE_BYTES, available_bytes, check_fits, weight_bytes
 from .scheduler import SchedulerOutput
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,7 @@ class ModelRunner:
             torch.set_num_threads(config.cpu_threads)
         self.use_decode_kernel = decode_kernel_wanted(config.attention_backend, self.device)
 
+        self._check_memory(config)
         # Built on the meta device so no memory is spent on random initial weights, then filled from the files.
         with torch.device("meta"):
             self.model = GlmForCausalLM(model_config)
@@ -93,10 +95,29 @@ class ModelRunner:
         mc = self.model_config
         return 2 * mc.num_layers * self.block_size * mc.num_kv_heads * mc.head_dim * self.dtype.itemsize
 
+    def _check_memory(self, config: EngineConfig) -> None:
+        """Before anything is loaded: refuse an engine that cannot fit beside what runs already (InsufficientMemory).
+        On CUDA an engine takes gpu_memory_utilization of the device's memory (weights, KV cache, activations), so two
+        versions fit on one GPU when their shares do; on the CPU, its weights and kv_cache_memory_mb."""
+        what = f"the engine for {config.model_dir} on {self.device}"
+        kv_bytes = config.num_kv_blocks * self.bytes_per_block() if config.num_kv_blocks else None
+        if self.device.type == "cuda" and kv_bytes is None:
+            total = torch.cuda.mem_get_info(self.device)[1]
+            share = int(total * config.gpu_memory_utilization)
+            check_fits(what, {f"gpu_memory_utilization {config.gpu_memory_utilization:g}": share},
+                       available_bytes(self.device), reserve=0)
+            return
+        kv_bytes = kv_bytes if kv_bytes is not None else config.kv_cache_memory_mb * 2**20
+        check_fits(what, {"weights": weight_bytes(config.model_dir, self.dtype), "KV cache": kv_bytes},
+                   available_bytes(self.device))
+
     def _blocks_that_fit(self, config: EngineConfig) -> int:
         if self.device.type == "cuda":
+            # This engine's share of the device, less what it holds already (its weights), less room for
+            # activations; never more than is free (another version's engine may run beside it).
             free, total = torch.cuda.mem_get_info(self.device)
-            budget = int(total * config.gpu_memory_utilization) - (total - free)
+            budget = min(int(total * config.gpu_memory_utilization) - torch.cuda.memory_reserved(self.device),
+                         free) - RESERVE_BYTES
         else:
             budget = config.kv_cache_memory_mb * 2**20
         num_blocks = budget // self.bytes_per_block()

@@ -16,6 +16,18 @@ REPLACEMENT_CHAR = "\ufffd"
 MAX_UNFINISHED_TOKENS = 3
 
 
+def same_tokenizer(model_dir: str, other_dir: str) -> bool:
+    """Whether two checkpoints tokenize alike: the same tokenizer.json, byte for byte."""
+    contents = []
+    for directory in (model_dir, other_dir):
+        try:
+            with open(os.path.join(directory, "tokenizer.json"), "rb") as f:
+                contents.append(f.read())
+        except OSError:
+            raise CheckpointError(f"{directory!r} has no tokenizer.json (a Hugging Face fast tokenizer is required)")
+    return contents[0] == contents[1]
+
+
 class GlmTokenizer:
     """A `tokenizer.json` tokenizer. Encoding adds the checkpoint's own prefix (GLM-4: `[gMASK]<sop>`);
     decoding drops special tokens."""

@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 # accepts is what its config.pbtxt declares.
 NOT_FOR_GLM = ("text_input", "stream")
 # The glm outputs that bls returns as they are (from the last response) or joined (log-probs).
-PASSED_THROUGH = ("finish_reason", "num_input_tokens", "num_output_tokens", "cum_log_probs")
+PASSED_THROUGH = ("finish_reason", "num_input_tokens", "num_output_tokens", "cum_log_probs", "glm_version")
 
 
 class Bls:

@@ -78,20 +78,33 @@ def internal_error(what: str, code_in_message: bool = False):
                           code_in_message)
 
 
-def wants_code_in_message(request) -> bool:
+def request_parameters(request) -> dict:
+    """A request's parameters ({} when it has none or they cannot be read)."""
     try:
-        return bool(json.loads(request.parameters() or "{}").get(CODE_IN_MESSAGE))
+        parameters = json.loads(request.parameters() or "{}")
     except (ValueError, AttributeError):
-        return False
+        return {}
+    return parameters if isinstance(parameters, dict) else {}
+
+
+def wants_code_in_message(request) -> bool:
+    return bool(request_parameters(request).get(CODE_IN_MESSAGE))
+
+
+def callee_error(error, untagged: str = "INTERNAL") -> tuple[str, str]:
+    """(code, message) of a TritonError that a BLS call received, the code from its message (see CODE_IN_MESSAGE);
+    `untagged`: the code of an error without one (Triton's own, e.g. the model is not loaded)."""
+    message = error.message()
+    tagged = re.fullmatch(r"\[([A-Z_]+)\] (.*)", message, re.S)
+    if tagged and hasattr(pb_utils.TritonError, tagged[1]):
+        return tagged[1], tagged[2]
+    return untagged, message
 
 
 def error_from_callee(error):
     """A TritonError that a BLS call received, with the code its message carries (see CODE_IN_MESSAGE)."""
-    message = error.message()
-    tagged = re.fullmatch(r"\[([A-Z_]+)\] (.*)", message, re.S)
-    if tagged and hasattr(pb_utils.TritonError, tagged[1]):
-        return pb_utils.TritonError(tagged[2], getattr(pb_utils.TritonError, tagged[1]))
-    return pb_utils.TritonError(message, pb_utils.TritonError.INTERNAL)
+    code, message = callee_error(error)
+    return pb_utils.TritonError(message, getattr(pb_utils.TritonError, code))
 
 
 def text_of(value, name: str) -> str:

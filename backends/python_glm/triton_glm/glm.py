@@ -13,50 +13,63 @@ import triton_python_backend_utils as pb_utils
 
 from glm_engine import EngineConfig, EngineThread, LLMEngine, RequestOutput, SamplingParams, Unavailable
 from glm_engine.output_processor import OutputProcessor, Response
-from glm_engine.tokenizer import GlmTokenizer
+from glm_engine.tokenizer import GlmTokenizer, same_tokenizer
 from glm_engine.watchdog import Watchdog
 
-from .common import (InputError, error_response, internal_error, optional_scalar, required_array, resolve_model_dir,
-                     wants_code_in_message)
+from .common import (CODE_IN_MESSAGE, InputError, cut_to_text_length, error_response, internal_error,
+                     optional_scalar, request_parameters, required_array, resolve_model_dir)
+from .forwarding import Forwarder
 from .metrics import EngineMetrics
 from .request_params import sampling_params
+from .versions import PINNED, TrafficReader, VersionError, read_version_spec
 
 log = logging.getLogger(__name__)
 
 
 class GlmEngineModel:
     def __init__(self, args: dict, parameters: dict[str, str]):
-        model_dir = resolve_model_dir(parameters, args)
+        self.version = int(args["model_version"])
+        model_path = args["model_repository"]  # model_repository/glm
+        model_dir = version_checkpoint(model_path, self.version, parameters, resolve_model_dir(parameters, args))
         self.config = EngineConfig.from_parameters({**parameters, "model_dir": model_dir})
         self.tokenizer = GlmTokenizer(model_dir)
         self.metrics = EngineMetrics(args["model_name"], args["model_version"])
+        self.traffic = TrafficReader(model_path)
+        self.forwarder = Forwarder(args["model_name"])
         self.outbox = ResponseOutbox()
         self.engine_thread = EngineThread(lambda: LLMEngine(self.config),
                                           on_step=lambda engine: self.metrics.update(engine.stats()))
+        self.metrics.update(self.engine_thread.engine.stats())  # the pool's size, before the first step
         self.watchdog = Watchdog(self.engine_thread, self.config.stall_timeout_s)
         self._request_ids = itertools.count()
         # Engine ids of the running requests, by the id the client gave them (Triton's request id), for `stop`.
         self._running: dict[str, set[str]] = {}
         self._running_lock = threading.Lock()
-        log.info("glm engine ready: %s, max_model_len %d", model_dir, self.engine_thread.engine.max_model_len)
+        log.info("glm version %d ready: %s, max_model_len %d", self.version, model_dir,
+                 self.engine_thread.engine.max_model_len)
 
     def execute(self, requests):
         for request in requests:
             sender = request.get_response_sender()
-            code_in_message = wants_code_in_message(request)
+            parameters = request_parameters(request)
+            code_in_message, pinned = bool(parameters.get(CODE_IN_MESSAGE)), bool(parameters.get(PINNED))
             try:
                 if optional_scalar(request, "stop", False, bool):
-                    self._stop(request.request_id())
+                    self._stop(request.request_id(), forward=not pinned)
                     # One empty response, as the generate endpoint expects exactly one.
                     sender.send(pb_utils.InferenceResponse(output_tensors=[]),
                                 flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                     continue
+                target = None if pinned else self.traffic.target(self.version)
+                if target is not None:
+                    self.forwarder.forward(request, sender, target, code_in_message)
+                    continue
                 prompt, params, streaming, echo_prompt = self._parse(request)
                 processor = OutputProcessor(self.tokenizer, prompt, streaming, echo_prompt, params.stop)
                 stream = ResponseStream(sender, processor, self.metrics, outputs=set(request.requested_output_names()),
-                                        send=self.outbox.send, code_in_message=code_in_message)
+                                        send=self.outbox.send, code_in_message=code_in_message, version=self.version)
                 self._submit(request.request_id(), prompt, params, stream)
-            except ValueError as exc:  # InputError, or the engine's own checks
+            except ValueError as exc:  # InputError, VersionError, or the engine's own checks
                 sender.send(error_response(str(exc), code_in_message=code_in_message),
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             except Unavailable as exc:  # overloaded or draining, refused in no time: HTTP 503, gRPC UNAVAILABLE
@@ -93,16 +106,20 @@ class GlmEngineModel:
             if not self._running[client_id]:
                 del self._running[client_id]
 
-    def _stop(self, client_id: str) -> None:
+    def _stop(self, client_id: str, forward: bool) -> None:
         """TensorRT-LLM's `stop` input: end the running requests that carry this request id. They finish with
         finish_reason "cancelled" and free their blocks within one step. It is how a client stops a request sent
-        through the ensemble, whose cancellation Triton 2.51 does not pass on to this model."""
+        through the ensemble, whose cancellation Triton 2.51 does not pass on to this model. `forward`: also on the
+        other versions that traffic.json names, where this version may have forwarded the request."""
         if not client_id:
             raise InputError("input 'stop' needs the request id of the request to stop (the request's 'id')")
         with self._running_lock:
             engine_ids = list(self._running.get(client_id, ()))
         for engine_id in engine_ids:  # none: it has finished already, which is not an error
             self.engine_thread.abort(engine_id)
+        traffic = self.traffic.current() if forward else None
+        for version in sorted(traffic.versions() - {self.version}) if traffic else ():
+            self.forwarder.stop(client_id, version)
 
     def _parse(self, request) -> tuple[list[int], SamplingParams, bool, bool]:
         ids = required_array(request, "input_ids")
@@ -127,7 +144,24 @@ class GlmEngineModel:
         # before the engine stops; after the launcher's drain there are none.
         self.engine_thread.shutdown(grace_s=self.config.unload_grace_s)
         self.outbox.close()
+        # Triton finalizes a model once every response of its requests is sent, so no forwarded stream is left.
+        self.forwarder.close()
         log.info("glm engine stopped")
+
+
+def version_checkpoint(model_path: str, version: int, parameters: dict[str, str], server_checkpoint: str) -> str:
+    """The checkpoint `version` serves (its version.json, else the server's), adding the engine parameters the
+    version sets to `parameters`. A checkpoint whose tokenizer is not the server's is refused: preprocessing,
+    postprocessing and bls tokenize for every version with the server's."""
+    spec = read_version_spec(model_path, version)
+    parameters.update(spec.parameters)
+    if spec.checkpoint is None:
+        return server_checkpoint
+    if not same_tokenizer(spec.checkpoint, server_checkpoint):
+        raise VersionError(f"version {version}: the checkpoint {spec.checkpoint} has another tokenizer.json than the "
+                           f"server's checkpoint {server_checkpoint}, which preprocessing, postprocessing and bls use "
+                           "for every version; serve it from a model repository of its own")
+    return spec.checkpoint
 
 
 def send_now(sender, response, flags: int) -> None:
@@ -170,16 +204,18 @@ class ResponseStream:
     it says to send is turned into tensors and sent (through a ResponseOutbox); latencies go to the metrics."""
 
     def __init__(self, sender, processor: OutputProcessor, metrics: EngineMetrics | None = None,
-                 outputs: set[str] | None = None, send=send_now, code_in_message: bool = False):
+                 outputs: set[str] | None = None, send=send_now, code_in_message: bool = False, version: int = 1):
         """`outputs`: the output names the client asked for (Triton asks for all when the client names none); only
         those are sent. Each tensor costs a copy through shared memory and gRPC or JSON encoding, every token.
-        `code_in_message`: the request came through BLS (see common.CODE_IN_MESSAGE)."""
+        `code_in_message`: the request came through BLS (see common.CODE_IN_MESSAGE). `version`: glm's version, sent as
+        the output glm_version."""
         self.sender = sender
         self.code_in_message = code_in_message
         self.processor = processor
         self.metrics = metrics
         self.outputs = outputs
         self.send = send  # send(sender, response or None, flags): at once, or through a ResponseOutbox
+        self.version = np.array([[version]], dtype=np.int32)
 
     def on_output(self, output: RequestOutput) -> bool:
         """Called on the engine thread; returning False asks the engine to abort the request."""
@@ -198,16 +234,23 @@ class ResponseStream:
 
     def _triton_response(self, response: Response):
         token_ids = response.token_ids
+        text_length = -1 if response.text_length is None else response.text_length
         values = {
             "output_ids": np.array(token_ids, dtype=np.int32).reshape(1, 1, -1),
             "sequence_length": np.array([[len(token_ids)]], dtype=np.int32),
-            "text_length": np.array([[-1 if response.text_length is None else response.text_length]], dtype=np.int32),
+            "text_length": np.array([[text_length]], dtype=np.int32),
             "finish_reason": np.array([[response.finish_reason.encode()]], dtype=np.object_),
             "num_input_tokens": np.array([[response.num_input_tokens]], dtype=np.int32),
             "num_output_tokens": np.array([[response.num_output_tokens]], dtype=np.int32),
             "output_log_probs": np.array(response.logprobs, dtype=np.float32).reshape(1, 1, -1),
             "cum_log_probs": np.array([[response.cum_logprob]], dtype=np.float32),
+            "glm_version": self.version,
         }
+        if self.outputs is None or "text_output" in self.outputs:
+            # Each response's ids decode to whole characters (the output processor's chunking), so its text is
+            # postprocessing's, made here: the ensemble has no step after this one (see its config.pbtxt).
+            text = cut_to_text_length(self.processor.tokenizer.decode(token_ids), text_length)
+            values["text_output"] = np.array([[text.encode("utf-8")]], dtype=np.object_)
         return pb_utils.InferenceResponse(output_tensors=[
             pb_utils.Tensor(name, value) for name, value in values.items()
             if self.outputs is None or name in self.outputs])

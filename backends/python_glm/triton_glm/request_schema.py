@@ -129,10 +129,13 @@ REQUEST_OUTPUTS = (
     Tensor("output_log_probs", "FP32", "with log-probs on, each new token's log-probability under the model (after "
            "penalties, before temperature and filters); empty otherwise", dims=(-1, -1)),
     Tensor("cum_log_probs", "FP32", "with log-probs on, their sum; 0 otherwise", dims=(-1,)),
+    Tensor("glm_version", "INT32", "the version of the `glm` model that produced the response (docs/versions.md)"),
 )
 
-# The glm model sends token ids where the ensemble sends text (postprocessing decodes them), and the rest as is.
+# The glm model sends the text (the ensemble's), its token ids (postprocessing decodes them the same way), and the
+# rest as is.
 GLM_OUTPUTS = (
+    REQUEST_OUTPUTS[0],
     Tensor("output_ids", "INT32", "token ids: a chunk that decodes to whole characters", dims=(-1, -1)),
     Tensor("sequence_length", "INT32", "how many output_ids", dims=(-1,)),
     Tensor("text_length", "INT32", "characters of their text to keep (a stop string began inside); -1: all",

@@ -1,0 +1,94 @@
+"""Forwarding a glm request to another version of glm (triton_glm/versions.py has the routing rule): the request goes
+there through BLS, pinned, and its responses come back through the original request's response sender, one by one
+as they arrive, so a stream stays a stream."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+from .common import CODE_IN_MESSAGE, callee_error, error_response, internal_error
+from .versions import PINNED
+
+log = logging.getLogger(__name__)
+
+
+class Forwarder:
+    def __init__(self, model_name: str):
+        self.model_name = model_name
+        # Each forwarded request waits on its stream in a thread of its own; the target's admission limit, not this
+        # pool, decides who waits.
+        self.pool = ThreadPoolExecutor(max_workers=256, thread_name_prefix="glm-forward")
+        self._ids = itertools.count()
+
+    def forward(self, request, sender, version: int, code_in_message: bool) -> None:
+        """Send `request` to `version`, its responses to `sender`; returns at once."""
+        # The client's id, so that a `stop` naming it (also forwarded) reaches the request; else one of ours, so that
+        # a client that goes away can be stopped there.
+        forward_id = request.request_id() or f"glm-forward-{next(self._ids)}"
+        wanted = list(request.requested_output_names())
+        inputs = [pb_utils.Tensor(tensor.name(), tensor.as_numpy()) for tensor in request.inputs()]
+        # finish_reason, empty until the last response, is how a final response is told from the others.
+        callee_request = pb_utils.InferenceRequest(
+            model_name=self.model_name, model_version=version, inputs=inputs, request_id=forward_id,
+            requested_output_names=sorted({*wanted, "finish_reason"}),
+            parameters={PINNED: True, CODE_IN_MESSAGE: True})
+        self.pool.submit(self._relay, callee_request, sender, set(wanted), forward_id,
+                         version, code_in_message)
+
+    def stop(self, request_id: str, version: int) -> None:
+        """TensorRT-LLM's `stop` for the requests with this id on `version`."""
+        stop_request = pb_utils.InferenceRequest(
+            model_name=self.model_name, model_version=version, request_id=request_id,
+            inputs=[pb_utils.Tensor("stop", np.array([[True]]))],
+            requested_output_names=[], parameters={PINNED: True})
+        try:
+            for _ in stop_request.exec(decoupled=True):
+                pass
+        except Exception:  # that version is gone: nothing runs there to stop
+            log.info("stop for %r on version %d not delivered", request_id, version, exc_info=True)
+
+    def _relay(self, callee_request, sender, wanted: set[str], forward_id: str, version: int,
+               code_in_message: bool) -> None:
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        finished = stopped = False
+        try:
+            for response in callee_request.exec(decoupled=True):
+                if finished or stopped:
+                    continue
+                if sender.is_cancelled():
+                    self.stop(forward_id, version)
+                    stopped = True
+                    continue
+                if response.has_error():
+                    # Untagged: Triton's own refusal (that version is not loaded), which a retry can get past.
+                    code, message = callee_error(response.error(), untagged="UNAVAILABLE")
+                    sender.send(error_response(message, code, code_in_message), flags=final)
+                    finished = True
+                    continue
+                tensors = response.output_tensors()
+                if not tensors:  # the callee's empty final response
+                    sender.send(flags=final)
+                    finished = True
+                    continue
+                reason = pb_utils.get_output_tensor_by_name(response, "finish_reason").as_numpy().reshape(-1)[0]
+                finished = bool(reason)
+                sender.send(pb_utils.InferenceResponse(output_tensors=[t for t in tensors if t.name() in wanted]),
+                            flags=final if finished else 0)
+            if not (finished or stopped):
+                sender.send(flags=final)
+        except Exception:
+            if not (finished or stopped):
+                try:
+                    sender.send(internal_error(f"forwarding a request to version {version}", code_in_message),
+                                flags=final)
+                except Exception:  # the client went away
+                    log.exception("sending a forwarded request's error failed")
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False)
+

@@ -1,0 +1,186 @@
+"""Numbered versions of glm on the real server (docs/versions.md): a deploy, a 20% canary, a promote and a rollback
+while 16 clients stream through the ensemble and bls over HTTP and gRPC, with no failed request; deploys that
+cannot fit or whose checkpoint is broken leave the serving version as it was."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+
+import pytest
+import requests
+from support.server import running_server, wait_for
+
+from clients.versions import VersionError, VersionManager
+from glm_tools.client_load import ClientLoad
+from glm_tools.demo_model import build_demo_model
+from glm_tools.launcher import stub_processes
+from triton_glm.versions import read_traffic
+
+pytestmark = pytest.mark.integration
+
+# The canary's share of the requests that started and ended inside the canary phase must lie this close to 20%:
+# with at least MIN_CANARY_REQUESTS of them, about four standard deviations of a fair 20% draw.
+CANARY_PERCENT = 20
+CANARY_TOLERANCE = 10.0
+MIN_CANARY_REQUESTS = 250
+# After the promote, the server's processes (tritonserver and its stubs) hold at most this much more memory than
+# before the deploy: the old version's process is gone, and its memory with it.
+MEMORY_MARGIN = 0.25
+
+
+@pytest.fixture(scope="module")
+def server(demo_model_dir, tmp_path_factory):
+    """A server of its own, on a copy of the model repository (the versions change it)."""
+    with running_server(demo_model_dir, str(tmp_path_factory.mktemp("versions")), engine_parameters={}) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def second_checkpoint(demo_model_dir, tmp_path_factory) -> str:
+    """Another version of the demo model: its tokenizer, other weights (so another greedy answer)."""
+    return build_demo_model(str(tmp_path_factory.mktemp("glm-demo-v2")), seed=1, tokenizer_from=demo_model_dir)
+
+
+def manager(server, lines: list[str]) -> VersionManager:
+    return VersionManager(server.http_url, server.model_repository, admin_key=server.admin_key,
+                          metrics_url=f"localhost:{server.metrics_port}", out=lines.append)
+
+
+def abandon_a_stream(server) -> None:
+    """An ensemble stream whose HTTP client goes away after its first event."""
+    body = json.dumps({"text_input": "gone", "max_tokens": 64, "ignore_eos": True, "stream": True}).encode()
+    with socket.create_connection(("localhost", server.http_port)) as connection:
+        connection.sendall(b"POST /v2/models/ensemble/generate_stream HTTP/1.1\r\nHost: x\r\n"
+                           b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        assert b"data: " in connection.recv(4096)
+
+
+def glm_stub_pids(server) -> dict[int, str]:
+    """glm's stub processes -> their version, from the model.py path in their command line."""
+    found = {}
+    for pid, (model, _) in stub_processes(server.process.pid).items():
+        if model == "glm":
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                found[pid] = f.read().split(b"\0")[1].decode().split("/")[-2]
+    return found
+
+
+def test_deploy_canary_promote_and_rollback_under_load_fail_no_request(server, second_checkpoint):
+    lines: list[str] = []
+    versions = manager(server, lines)
+    timeline = {}
+    memory_before = server.resident_mb()
+    with ClientLoad(server.http_url, server.grpc_url) as load:
+        assert wait_for(lambda: load.count() >= 16, timeout=60)
+        timeline["deploy"] = time.monotonic()
+        versions.deploy(2, second_checkpoint)
+        abandon_a_stream(server)  # on version 1: it used to keep the version from ever unloading
+        timeline["canary"] = time.monotonic()
+        versions.canary(2, CANARY_PERCENT)
+        canary_start = time.monotonic()
+        assert wait_for(lambda: len(load.finished_between(canary_start, time.monotonic())) >= MIN_CANARY_REQUESTS,
+                        timeout=240, interval=1.0)
+        timeline["promote"] = time.monotonic()
+        versions.promote(2)
+        timeline["promoted"] = time.monotonic()
+        assert versions.loaded_versions()[1] == "UNAVAILABLE"
+        assert requests.get(f"http://{server.http_url}/v2/models/glm/versions/1/ready", timeout=10).status_code != 200
+        memory_after_promote = server.resident_mb()
+        assert set(glm_stub_pids(server).values()) == {"2"}
+        time.sleep(3)
+        timeline["rollback"] = time.monotonic()
+        versions.rollback()
+        timeline["rolled back"] = time.monotonic()
+        time.sleep(3)
+    end = time.monotonic()
+    print("\n" + "\n".join(lines))
+    results = load.results
+    failed = load.failed()
+    by_version = {v: sum(r.version == v for r in results) for v in (1, 2)}
+    print(f"[versions] {len(results)} requests, {len(failed)} failed, by version {by_version}; timeline (s from the "
+          f"deploy): " + ", ".join(f"{k} {t - timeline['deploy']:.1f}" for k, t in timeline.items()))
+    assert not failed, failed[:5]
+    assert all(r.version in (1, 2) for r in results)
+    assert {r.client for r in results} == {kind[0] for kind in ClientLoad.KINDS}
+
+    canary = load.finished_between(canary_start, timeline["promote"])
+    share = 100.0 * sum(r.version == 2 for r in canary) / len(canary)
+    print(f"[versions] canary phase: {len(canary)} requests, {share:.1f}% on version 2")
+    assert abs(share - CANARY_PERCENT) <= CANARY_TOLERANCE, share
+    assert {r.client for r in canary if r.version == 2} == {kind[0] for kind in ClientLoad.KINDS}  # every front follows
+    assert all(r.version == 1 for r in load.finished_between(0, timeline["canary"]))
+    assert all(r.version == 2 for r in load.finished_between(timeline["promoted"], timeline["rollback"]))
+    after_rollback = load.finished_between(timeline["rolled back"], end)
+    assert after_rollback and all(r.version == 1 for r in after_rollback)
+
+    print(f"[versions] memory: {memory_before:.0f} MiB before the deploy, {memory_after_promote:.0f} MiB after the "
+          "promote")
+    assert memory_after_promote <= memory_before * (1 + MEMORY_MARGIN)
+    assert set(glm_stub_pids(server).values()) == {"1"}
+    assert read_traffic(os.path.join(server.model_repository, "glm")).stable == 1
+
+
+def test_a_deploy_that_cannot_fit_or_is_broken_leaves_the_serving_version_untouched(server, second_checkpoint,
+                                                                                      tmp_path):
+    lines: list[str] = []
+    versions = manager(server, lines)
+    stubs_before = glm_stub_pids(server)
+    traffic_before = read_traffic(os.path.join(server.model_repository, "glm"))
+
+    with open("/proc/meminfo") as f:
+        available_mb = next(int(line.split()[1]) // 1024 for line in f if line.startswith("MemAvailable"))
+    with pytest.raises(VersionError, match=r"needs .* GiB .* and .* GiB is free"):
+        versions.deploy(3, second_checkpoint, {"kv_cache_memory_mb": str(available_mb + 1024)})
+
+    broken = str(tmp_path / "broken")
+    shutil.copytree(second_checkpoint, broken)
+    with open(os.path.join(broken, "probe.json"), "w") as f:  # so that the tool does not run it itself
+        json.dump({"prompt": "hello", "token_ids": [1, 2, 3]}, f)
+    with open(os.path.join(broken, "model.safetensors"), "r+b") as f:
+        f.truncate(1000)
+    with pytest.raises(VersionError, match="version 4"):
+        versions.deploy(4, broken)
+
+    wrong_answer = str(tmp_path / "wrong-answer")
+    shutil.copytree(second_checkpoint, wrong_answer)
+    with open(os.path.join(wrong_answer, "probe.json"), "w") as f:
+        json.dump({"prompt": "hello", "token_ids": [1, 2, 3]}, f)
+    with pytest.raises(VersionError, match="not the checkpoint's greedy answer"):
+        versions.deploy(5, wrong_answer)
+
+    other_tokenizer = str(tmp_path / "other-tokenizer")
+    build_demo_model(other_tokenizer, seed=2, vocab_size=4096)
+    with pytest.raises(VersionError, match="another tokenizer.json"):
+        versions.deploy(6, other_tokenizer)
+
+    print("\n" + "\n".join(lines))
+    assert glm_stub_pids(server) == stubs_before  # the same processes: never reloaded
+    assert read_traffic(os.path.join(server.model_repository, "glm")) == traffic_before
+    assert not any(os.path.exists(os.path.join(server.model_repository, "glm", str(v))) for v in (3, 4, 5, 6))
+    loaded = versions.loaded_versions()
+    assert all(loaded.get(v, "UNAVAILABLE") == "UNAVAILABLE" for v in (3, 4, 5, 6)), loaded
+    answer = requests.post(f"http://{server.http_url}/v2/models/ensemble/generate",
+                           json={"text_input": "still here", "max_tokens": 4}, timeout=60)
+    assert answer.status_code == 200 and answer.json()["glm_version"] == (traffic_before.stable if traffic_before else 1)
+
+
+def test_the_tool_needs_the_key_and_refuses_what_makes_no_sense(server):
+    lines: list[str] = []
+    with pytest.raises(VersionError, match="control-plane key"):
+        VersionManager(server.http_url, server.model_repository, admin_key="guess", out=lines.append).status()
+    versions = manager(server, lines)
+    stable = versions.traffic().stable
+    with pytest.raises(VersionError, match="is the stable version"):
+        versions.canary(stable, 10)
+    with pytest.raises(VersionError, match="not loaded"):
+        versions.canary(9, 10)
+    with pytest.raises(VersionError, match="not loaded"):
+        versions.promote(9)
+    with pytest.raises(VersionError, match="loaded already"):
+        versions.deploy(stable, "/nonexistent")
+    with pytest.raises(VersionError, match="no checkpoint folder"):
+        versions.deploy(7, "/nonexistent")
