@@ -21,7 +21,9 @@ It prints what it measures and writes JSON:
      must agree), and the output tokens/s of each;
   5. sampler: one call of the engine's sampler on GLM-4-9B's vocabulary at each batch size, greedy and with
      GLM-4's default settings, on peaked and flat random logits (as scripts/bench_sampler.py does on the CPU), to
-     set against the decode step.
+     set against the decode step;
+  6. two versions: two engines with gpu_memory_utilization 0.4 fit on one GPU and a third is refused before it
+     loads anything (the memory rule of a rollout, docs/versions.md).
 """
 
 from __future__ import annotations
@@ -206,8 +208,6 @@ def check_engine(raw_config: dict, device: torch.device, num_prompts: int, max_t
     """The whole engine on a random checkpoint written to disk, float32, with its CUDA graphs and without: greedy
     tokens must agree, and the output tokens/s of each run tell what the graphs give a real decode loop.
     (On the CPU nothing is recorded, so both runs are eager: the smoke run checks only the script.)"""
-    from safetensors.torch import save_file
-
     from glm_engine import EngineConfig, LLMEngine, SamplingParams
 
     config = ModelConfig.from_dict(raw_config)
@@ -217,10 +217,7 @@ def check_engine(raw_config: dict, device: torch.device, num_prompts: int, max_t
     params = SamplingParams(max_tokens=max_tokens, stop_token_ids=())  # no end token: every prompt runs to the end
     runs = {}
     with tempfile.TemporaryDirectory() as model_dir:
-        state = random_checkpoint_state(config, torch.device("cpu"), torch.float32)
-        save_file(state, os.path.join(model_dir, "model.safetensors"))
-        with open(os.path.join(model_dir, "config.json"), "w") as f:
-            json.dump(raw_config, f)
+        write_random_checkpoint(raw_config, model_dir)
         for label, graph_batch in (("eager", 0), ("cuda_graphs", 64)):
             engine = LLMEngine(EngineConfig(model_dir=model_dir, device=device.type, dtype="float32",
                                             num_kv_blocks=num_prompts * 32, max_num_seqs=num_prompts,
@@ -237,6 +234,45 @@ def check_engine(raw_config: dict, device: torch.device, num_prompts: int, max_t
               **{f"{label}_{key}": value for label, run in runs.items() for key, value in run.items()
                  if key != "tokens"}}
     print(f"[engine] {result}", flush=True)
+    return result
+
+
+def write_random_checkpoint(raw_config: dict, model_dir: str) -> None:
+    from safetensors.torch import save_file
+
+    state = random_checkpoint_state(ModelConfig.from_dict(raw_config), torch.device("cpu"), torch.float32)
+    save_file(state, os.path.join(model_dir, "model.safetensors"))
+    with open(os.path.join(model_dir, "config.json"), "w") as f:
+        json.dump(raw_config, f)
+
+
+def check_two_versions(raw_config: dict, device: torch.device) -> dict:
+    """The memory rule of a rollout (docs/versions.md): on CUDA, two engines with gpu_memory_utilization 0.4 each fit
+    side by side on one GPU and a third is refused before it loads anything; on the CPU (smoke), an engine whose KV
+    pool is larger than the free memory is refused."""
+    from glm_engine import EngineConfig, LLMEngine
+    from glm_engine.memory import InsufficientMemory, available_bytes
+
+    if device.type == "cuda":
+        share = {"gpu_memory_utilization": 0.4}
+        budgets = [share, share, share]
+    else:
+        budgets = [{"kv_cache_memory_mb": 16}, {"kv_cache_memory_mb": available_bytes(device) // 2**20 + 1024}]
+    engines, blocks, refusal = [], [], None
+    with tempfile.TemporaryDirectory() as model_dir:
+        write_random_checkpoint(raw_config, model_dir)
+        for budget in budgets:
+            try:
+                engines.append(LLMEngine(EngineConfig(model_dir=model_dir, device=device.type, dtype="float32",
+                                                      cuda_graph_max_batch=0, **budget)))
+                blocks.append(engines[-1].runner.num_blocks)
+            except InsufficientMemory as exc:
+                refusal = str(exc)
+                break
+    result = {"engines_started": len(engines), "kv_blocks": blocks, "refusal": refusal,
+              "ok": len(engines) == len(budgets) - 1 and refusal is not None}
+    del engines
+    print(f"[two versions] {result}", flush=True)
     return result
 
 
@@ -286,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     results["engine"] = check_engine(TINY if args.smoke else SMALL_GLM4, device, num_prompts=4 if args.smoke else 32,
                                      max_tokens=8 if args.smoke else 128)
     results["sampler"] = measure_sampler(config.vocab_size, batches, device, args.repeats)
+    results["two_versions"] = check_two_versions(TINY if args.smoke else SMALL_GLM4, device)
 
     print("\n| batch | eager ms | CUDA graph ms | tokens/s | bandwidth limit tokens/s | of limit |\n|---|---|---|---|---|---|")
     for row in results["decode"]:
@@ -301,10 +338,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"sampler, one call on {config.vocab_size:,} tokens, ms: " + "; ".join(
         f"batch {row['batch']} {row['setting']} {row['logits']} {row['ms']:.2f}" for row in results["sampler"]
         if row["setting"] != "greedy" or row["logits"] == "peaked"))
+    memory_ok = results["two_versions"]["ok"]
     print(f"kernel against the torch path: {'ok' if kernel_ok else 'MISMATCH'}; "
-          f"CUDA graphs against eager steps: {'ok' if graphs_ok else 'MISMATCH'}")
+          f"CUDA graphs against eager steps: {'ok' if graphs_ok else 'MISMATCH'}; "
+          f"two versions' memory rule: {'ok' if memory_ok else 'FAILED'}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
         print(f"[gpu_check] wrote {args.json}")
-    return 0 if kernel_ok and graphs_ok else 1
+    return 0 if kernel_ok and graphs_ok and memory_ok else 1

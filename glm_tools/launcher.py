@@ -29,6 +29,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from typing import NamedTuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Settings of the process that starts the server which must not reach the server: the tests run Triton-language
@@ -249,7 +250,7 @@ class TritonServer:
             time.sleep(0.5)
         raise TimeoutError(f"tritonserver not ready after {timeout:.0f}s")
 
-    def stub_processes(self) -> dict[int, tuple[str, str]]:
+    def stub_processes(self) -> dict[int, Stub]:
         return stub_processes(self.process.pid)
 
     def resident_mb(self) -> float:
@@ -371,10 +372,17 @@ class TritonServer:
         self.stop()
 
 
-def stub_processes(server_pid: int) -> dict[int, tuple[str, str]]:
-    """The live Python stub processes of the server `server_pid` (the leader of their process group): pid ->
-    (model, instance), e.g. ("glm", "glm_0_0"), from the command line Triton gives each: the model's
-    <repository>/<model>/<version>/model.py, then the instance."""
+class Stub(NamedTuple):
+    """A Python stub process: which model, which version of it, which instance (e.g. "glm", "2", "glm_0_0")."""
+
+    model: str
+    version: str
+    instance: str
+
+
+def stub_processes(server_pid: int) -> dict[int, Stub]:
+    """The live Python stub processes of the server `server_pid` (the leader of their process group), by pid, from
+    the command line Triton gives each: the model's <repository>/<model>/<version>/model.py, then the instance."""
     stubs = {}
     for proc in glob.glob("/proc/[0-9]*"):
         pid = int(proc[6:])
@@ -387,8 +395,10 @@ def stub_processes(server_pid: int) -> dict[int, tuple[str, str]]:
         except (OSError, ValueError):  # it exited meanwhile
             continue
         if len(argv) > 1:  # a dead one not yet reaped (a zombie) has no command line
-            model = os.path.basename(os.path.dirname(os.path.dirname(argv[1])))
-            stubs[pid] = (model, next((arg for arg in argv[2:] if arg.startswith(model + "_")), model))
+            version_dir = os.path.dirname(argv[1])
+            model = os.path.basename(os.path.dirname(version_dir))
+            instance = next((arg for arg in argv[2:] if arg.startswith(model + "_")), model)
+            stubs[pid] = Stub(model, os.path.basename(version_dir), instance)
     return stubs
 
 

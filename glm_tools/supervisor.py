@@ -32,10 +32,11 @@ def say(message: str, error: bool = False) -> None:
     print(f"[serve] {message}", file=sys.stderr if error else sys.stdout, flush=True)
 
 
-def model_states(server: TritonServer) -> dict[str, str]:
-    """Each model's state in the repository index ("READY", "UNAVAILABLE: reason", ...); {} if it cannot be read."""
-    return {entry["name"]: entry.get("state", "?") + (f": {entry['reason']}" if entry.get("reason") else "")
-            for entry in server.repository() or []}
+def model_states(server: TritonServer) -> dict[tuple[str, str], str]:
+    """Each (model, version)'s state in the repository index ("READY", "UNAVAILABLE: reason", ...); {} if it cannot
+    be read."""
+    return {(entry["name"], entry.get("version", "")): entry.get("state", "?")
+            + (f": {entry['reason']}" if entry.get("reason") else "") for entry in server.repository() or []}
 
 
 class Supervisor:
@@ -74,7 +75,8 @@ class Supervisor:
             if server.process.poll() is not None:
                 return f"tritonserver exited with code {server.process.returncode} before it was ready"
             if time.monotonic() - started > self.ready_timeout_s:
-                not_ready = {name: state for name, state in model_states(server).items() if state != "READY"}
+                not_ready = {f"{name} {version}": state for (name, version), state in model_states(server).items()
+                             if state != "READY"}
                 return (f"tritonserver not ready {self.ready_timeout_s:.0f}s after its start (models not ready: "
                         f"{not_ready or 'unknown'})")
             if stop.wait(self.poll_s):
@@ -86,18 +88,18 @@ class Supervisor:
             if server.process.poll() is not None:
                 return f"tritonserver exited with code {server.process.returncode}"
             alive = server.stub_processes()
-            # A stub that has gone without a successor for its instance (a reload starts the new one first), while
-            # its model is loaded, has died.
-            gone = {pid: (model, instance) for pid, (model, instance) in stubs.items() if pid not in alive
-                    and instance not in {alive_instance for _, alive_instance in alive.values()}}
+            # A stub that has gone without a successor for its instance of its model version (a reload starts the new
+            # one first), while that version is loaded, has died. Two versions of a model (a rollout) have instances
+            # of the same names: each is told apart by its version.
+            gone = {pid: stub for pid, stub in stubs.items() if pid not in alive and stub not in alive.values()}
             if gone:
                 states = model_states(server)
-                crashed = {pid: instance for pid, (model, instance) in gone.items()
-                           if states.get(model, "READY") == "READY"}
+                crashed = {pid: stub for pid, stub in gone.items()
+                           if states.get((stub.model, stub.version), "READY") == "READY"}
                 if crashed:
                     return "the process of model instance " + ", ".join(
-                        f"{instance} (pid {pid})" for pid, instance in crashed.items()) + " died while its model " \
-                        "was loaded"
+                        f"{stub.instance} of {stub.model} version {stub.version} (pid {pid})"
+                        for pid, stub in crashed.items()) + " died while it was loaded"
             stubs = alive  # models loaded or unloaded on purpose come and go
         return None
 

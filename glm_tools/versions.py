@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 import requests
 
-from triton_glm.versions import (PINNED, STATE_FOLDER, Traffic, VersionError, VersionSpec, policy_versions,
-                                 read_traffic, read_version_spec, state_path, with_policy_versions,
+from triton_glm.versions import (PINNED, STATE_FOLDER, TRAFFIC_FILE, Traffic, VersionError, VersionSpec,
+                                 policy_versions, read_traffic, read_version_spec, state_path, with_policy_versions,
                                  write_json_atomically, write_traffic, write_version_spec)
 
 from .launcher import ADMIN_KEY_ENV, ADMIN_KEY_HEADER
@@ -121,6 +121,9 @@ class VersionManager:
                     raise VersionError(f"version {version} is loaded already; deploy a new number")
                 if version < 1:  # 0 holds the rollout's state
                     raise VersionError(f"a version is a number from 1, got {version}")
+                if traffic.canary is not None and traffic.canary in loaded:
+                    raise VersionError(f"version {traffic.canary} is deployed beside version {traffic.stable}: "
+                                       f"promote it or roll it back first")
                 model_dir = os.path.abspath(model_dir)
                 check_checkpoint(model_dir)
                 folder = os.path.join(self.model_path, str(version))
@@ -131,7 +134,8 @@ class VersionManager:
             with step("probe answer") as note:
                 probe, source = probe_for(model_dir)
                 note(f"{len(probe['token_ids'])} greedy tokens for {probe['prompt']!r} ({source})")
-            if read_traffic(self.model_path) is None:  # else the new version, the newest, would take Triton's traffic
+            first_split = read_traffic(self.model_path) is None
+            if first_split:  # else the new version, the newest, would take Triton's traffic
                 write_traffic(self.model_path, traffic)
             created = not os.path.isdir(folder)
             write_version_spec(self.model_path, version, VersionSpec(model_dir, dict(parameters or {})))
@@ -143,6 +147,8 @@ class VersionManager:
             except BaseException:
                 self._set_loaded(loaded)
                 os.remove(self._probe_path(version))
+                if first_split:
+                    os.remove(state_path(self.model_path, TRAFFIC_FILE))
                 if created:
                     shutil.rmtree(folder, ignore_errors=True)
                 raise
@@ -226,7 +232,7 @@ class VersionManager:
             note(f"greedy answer as expected ({len(answer)} tokens)")
 
     def _record_probe(self, version: int, prompt: str) -> str:
-        """Keep the serving version's greedy answer in its folder (if none is there), for a rollback to check."""
+        """Keep the serving version's greedy answer in the state folder (if none is there), for a rollback to check."""
         path = self._probe_path(version)
         if os.path.exists(path):
             return f"version {version}'s answer is kept already"

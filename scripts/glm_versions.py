@@ -8,7 +8,8 @@
     scripts/glm_versions.py rollback
 
 Run it where the model repository is; the control-plane key comes from GLM_ADMIN_KEY (or --admin-key). The Python
-API is clients.versions.VersionManager (glm_tools/versions.py). Exit status 0 on success, 1 when a step failed (the message says why).
+API is clients.versions.VersionManager (glm_tools/versions.py). Exit status 0 on success, 1 when a step failed (the
+message says why).
 """
 
 import argparse

@@ -33,8 +33,8 @@ GAUGES = ("glm_kv_blocks_used", "glm_num_requests_running", "glm_num_requests_wa
 
 def sample(server: TritonServer, started: float) -> dict[str, float]:
     row = {"seconds": round(time.monotonic() - started, 1), "rss_mb tritonserver": resident_mb(server.process.pid)}
-    for pid, (model, _) in sorted(server.stub_processes().items(), key=lambda item: item[1]):
-        key = f"rss_mb {model}"
+    for pid, stub in sorted(server.stub_processes().items(), key=lambda item: item[1]):
+        key = f"rss_mb {stub.model}"
         row[key] = round(row.get(key, 0) + (resident_mb(pid) or 0), 1)
     gauges = server.metric_totals(GAUGES)
     if gauges is None:

@@ -63,6 +63,23 @@ def test_bench_burst_reports_served_and_refused_requests(demo_model_dir, tmp_pat
     assert summary["served"]["count"] >= 1 and summary["refused"]["count"] >= 1
 
 
+def test_bench_rollout_times_every_step_of_a_rollout_under_load(tmp_path):
+    out = tmp_path / "rollout.json"
+    run_script("bench_rollout.py", "--clients-per-kind", "1", "--canary-seconds", "3", "--json", str(out))
+    summary = json.loads(out.read_text())
+    steps = {(step["command"], step["step"]) for step in summary["steps"]}
+    assert {("deploy 2", "load"), ("deploy 2", "probe"), ("promote 2", "unload"), ("rollback", "unload")} <= steps
+    assert summary["failed"] == 0 and summary["requests"] > 0 and summary["first_canary_answer_s"] is not None
+
+
+def test_bench_rollout_measures_forwarded_against_direct_streams(tmp_path):
+    out = tmp_path / "forwarding.json"
+    run_script("bench_rollout.py", "--forwarding", "--rounds", "1", "--json", str(out))
+    summary = json.loads(out.read_text())
+    assert summary["direct"]["served_by"] == [2] and summary["forwarded"]["served_by"] == [1]
+    assert all(summary[way]["streams"] == 8 and summary[way]["ttft_ms_p50"] > 0 for way in ("direct", "forwarded"))
+
+
 def test_soak_samples_memory_and_engine_gauges_into_csv_json_and_a_plot(demo_model_dir, tmp_path):
     out = tmp_path / "soak"
     run_script("soak.py", "--model-dir", demo_model_dir, "--minutes", "0.2", "--interval", "3", "--users", "2",

@@ -29,6 +29,8 @@ def test_the_smoke_run_checks_the_kernel_and_measures_every_batch(tmp_path):
     assert not engine["cuda_graphs_graphs_recorded"]  # nothing is recorded on the CPU
     # Greedy and GLM-4's default sampling, peaked and flat logits, at each batch size.
     assert len(results["sampler"]) == 2 * 2 * 2 and all(row["ms"] > 0 for row in results["sampler"])
+    two_versions = results["two_versions"]  # on the CPU: one engine starts, one too big for the memory is refused
+    assert two_versions["ok"] and two_versions["engines_started"] == 1 and "is free" in two_versions["refusal"]
 
 
 def test_the_glm4_9b_shape_is_the_published_one():

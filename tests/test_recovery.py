@@ -22,6 +22,7 @@ from support import REPO
 from support.checkpoints import make_tiny_checkpoint
 from support.reference import prompts
 from support.server import metric, metrics, running_server, wait_for
+import tritonclient.utils.shared_memory as shared_memory
 from tritonclient.utils import InferenceServerException
 
 from glm_engine import EngineConfig, EngineThread, LLMEngine, SamplingParams, Unavailable
@@ -163,7 +164,7 @@ def test_a_killed_model_process_is_seen_at_once_and_healed_by_the_launcher(demo_
         assert wait_for(lambda: ready(http_port), timeout=180, interval=0.5), log_path.read_text()[-3000:]
         url = f"localhost:{http_port}"
         server_pid = server_pid_of(launcher.pid)
-        (glm_stub,) = [pid for pid, (model, _) in stub_processes(server_pid).items() if model == "glm"]
+        (glm_stub,) = [pid for pid, stub in stub_processes(server_pid).items() if stub.model == "glm"]
 
         with ThreadPoolExecutor(4) as pool:
             streams = [pool.submit(stream, url) for _ in range(4)]
@@ -184,7 +185,7 @@ def test_a_killed_model_process_is_seen_at_once_and_healed_by_the_launcher(demo_
                                  json={"text_input": "after the crash", "max_tokens": 8})
         assert response.status_code == 200 and response.json()["num_output_tokens"] == 8
         assert wait_for(lambda: "ready again" in log_path.read_text(), timeout=10)  # the launcher's next poll
-        assert f"glm_0_0 (pid {glm_stub}) died while its model was loaded: restarting" in log_path.read_text()
+        assert f"glm_0_0 of glm version 1 (pid {glm_stub}) died while it was loaded: restarting" in log_path.read_text()
     finally:
         launcher.send_signal(signal.SIGTERM)
         try:
@@ -255,7 +256,8 @@ def test_streams_whose_clients_went_away_end_at_max_tokens_and_sigterm_stays_pro
         inputs = []
         for name, value, datatype in (("text_input", np.array([[b"cancelled"]], dtype=np.object_), "BYTES"),
                                       ("max_tokens", np.array([[120]], dtype=np.int32), "INT32"),
-                                      ("ignore_eos", np.array([[True]]), "BOOL"), ("stream", np.array([[True]]), "BOOL")):
+                                      ("ignore_eos", np.array([[True]]), "BOOL"),
+                                      ("stream", np.array([[True]]), "BOOL")):
             inputs.append(grpcclient.InferInput(name, list(value.shape), datatype))
             inputs[-1].set_data_from_numpy(value)
         client.async_stream_infer("ensemble", inputs)
@@ -296,11 +298,24 @@ def test_the_control_plane_needs_the_key_and_a_reload_swaps_the_model_process(de
         assert client.get_model_repository_index(headers={GRPC_ADMIN_KEY_HEADER: server.admin_key})
         client.close()
         assert requests.get(base + "/v2/models/glm/config", timeout=10).status_code == 200  # reading stays open
+        # With the key, shared memory registers and unregisters.
+        region = shared_memory.create_shared_memory_region("glm-key-test", "/glm_key_test", 64)
+        try:
+            key = {ADMIN_KEY_HEADER: server.admin_key}
+            registered = requests.post(base + "/v2/systemsharedmemory/region/glm-key-test/register", headers=key,
+                                       json={"key": "/glm_key_test", "offset": 0, "byte_size": 64}, timeout=10)
+            assert registered.status_code == 200, registered.text
+            status = requests.get(base + "/v2/systemsharedmemory/status", headers=key, timeout=10).json()
+            assert [entry["name"] for entry in status] == ["glm-key-test"]
+            assert requests.post(base + "/v2/systemsharedmemory/region/glm-key-test/unregister", headers=key,
+                                 timeout=10).status_code == 200
+        finally:
+            shared_memory.destroy_shared_memory_region(region)
         assert {entry["name"] for entry in server.repository()} == {"bls", "ensemble", "glm", "postprocessing",
                                                                     "preprocessing"}
 
         def glm_stubs() -> list[int]:
-            return [pid for pid, (model, instance) in server.stub_processes().items() if model == "glm"]
+            return [pid for pid, stub in server.stub_processes().items() if stub.model == "glm"]
 
         (old_stub,) = glm_stubs()
         assert server.reload_model("glm")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 
+from glm_tools.launcher import Stub
 from glm_tools.supervisor import Supervisor
 
 
@@ -35,7 +36,8 @@ class FakeServer:
         return dict(self.current[0])
 
     def repository(self, path="index", body=None):
-        return [{"name": name, "state": state} for name, state in self.current[1].items()]
+        return [{"name": name, "version": version, "state": state}
+                for (name, version), state in self.current[1].items()]
 
 
 def verdict(polls) -> str | None:
@@ -44,21 +46,33 @@ def verdict(polls) -> str | None:
     return supervisor._serve(FakeServer(polls, stop), stop, on_ready=lambda seconds: None)
 
 
-GLM, BLS0, BLS1 = (10, ("glm", "glm_0_0")), (11, ("bls", "bls_0_0")), (12, ("bls", "bls_0_1"))
-READY = {"glm": "READY", "bls": "READY"}
+GLM = (10, Stub("glm", "1", "glm_0_0"))
+BLS0, BLS1 = (11, Stub("bls", "1", "bls_0_0")), (12, Stub("bls", "1", "bls_0_1"))
+READY = {("glm", "1"): "READY", ("bls", "1"): "READY"}
 
 
 def test_a_reload_starts_the_new_process_first_and_is_no_crash():
-    new_glm = (20, ("glm", "glm_0_0"))
+    new_glm = (20, Stub("glm", "1", "glm_0_0"))
     assert verdict([([GLM, BLS0], READY), ([GLM, new_glm, BLS0], READY), ([new_glm, BLS0], READY),
                     ([new_glm, BLS0], READY)]) is None
 
 
 def test_one_dead_instance_of_a_model_with_two_is_a_crash():
     reason = verdict([([GLM, BLS0, BLS1], READY), ([GLM, BLS0], READY), ([GLM, BLS0], READY)])
-    assert reason == "the process of model instance bls_0_1 (pid 12) died while its model was loaded"
+    assert reason == "the process of model instance bls_0_1 of bls version 1 (pid 12) died while it was loaded"
 
 
 def test_an_unloaded_model_is_no_crash():
-    assert verdict([([GLM, BLS0], READY), ([BLS0], {"glm": "UNAVAILABLE", "bls": "READY"}),
-                    ([BLS0], {"glm": "UNAVAILABLE", "bls": "READY"})]) is None
+    unloaded = {("glm", "1"): "UNAVAILABLE", ("bls", "1"): "READY"}
+    assert verdict([([GLM, BLS0], READY), ([BLS0], unloaded), ([BLS0], unloaded)]) is None
+
+
+def test_during_a_rollout_each_version_is_watched_and_the_old_one_may_go():
+    canary = (30, Stub("glm", "2", "glm_0_0"))
+    both = {("glm", "1"): "READY", ("glm", "2"): "READY", ("bls", "1"): "READY"}
+    # The canary's process dies while the stable one, with an instance of the same name, lives on: a crash.
+    reason = verdict([([GLM, canary, BLS0], both), ([GLM, BLS0], both), ([GLM, BLS0], both)])
+    assert reason == "the process of model instance glm_0_0 of glm version 2 (pid 30) died while it was loaded"
+    # A promote unloads version 1: no crash.
+    promoted = {("glm", "1"): "UNAVAILABLE", ("glm", "2"): "READY", ("bls", "1"): "READY"}
+    assert verdict([([GLM, canary, BLS0], both), ([canary, BLS0], promoted), ([canary, BLS0], promoted)]) is None

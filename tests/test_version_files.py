@@ -27,6 +27,10 @@ def test_the_split_sends_the_canary_its_share_and_the_rest_to_stable():
     assert Traffic(stable=1, canary=2, canary_percent=0).choose(0.0) == 1
     with pytest.raises(VersionError, match="canary_percent"):
         Traffic(stable=1, canary=2, canary_percent=120)
+    with pytest.raises(VersionError, match="stable must be a version number"):
+        Traffic(stable="1")
+    with pytest.raises(VersionError, match="canary must be a version number"):
+        Traffic(stable=1, canary=0)
 
 
 def test_a_version_routes_what_the_split_gives_another_and_follows_changes_of_the_file(tmp_path):

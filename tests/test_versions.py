@@ -8,16 +8,21 @@ import json
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import time
 
+import numpy as np
 import pytest
 import requests
-from support.server import running_server, wait_for
+import tritonclient.grpc as grpcclient
+from support import REPO
+from support.server import metrics, running_server, wait_for
 
 from clients.versions import VersionError, VersionManager
+from glm_engine.tokenizer import GlmTokenizer
 from glm_tools.client_load import ClientLoad
 from glm_tools.demo_model import build_demo_model
-from glm_tools.launcher import stub_processes
 from triton_glm.versions import read_traffic
 
 pytestmark = pytest.mark.integration
@@ -60,13 +65,8 @@ def abandon_a_stream(server) -> None:
 
 
 def glm_stub_pids(server) -> dict[int, str]:
-    """glm's stub processes -> their version, from the model.py path in their command line."""
-    found = {}
-    for pid, (model, _) in stub_processes(server.process.pid).items():
-        if model == "glm":
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                found[pid] = f.read().split(b"\0")[1].decode().split("/")[-2]
-    return found
+    """glm's stub processes -> their version."""
+    return {pid: stub.version for pid, stub in server.stub_processes().items() if stub.model == "glm"}
 
 
 def test_deploy_canary_promote_and_rollback_under_load_fail_no_request(server, second_checkpoint):
@@ -78,6 +78,8 @@ def test_deploy_canary_promote_and_rollback_under_load_fail_no_request(server, s
         assert wait_for(lambda: load.count() >= 16, timeout=60)
         timeline["deploy"] = time.monotonic()
         versions.deploy(2, second_checkpoint)
+        with pytest.raises(VersionError, match="promote it or roll it back first"):  # one candidate at a time
+            versions.deploy(3, second_checkpoint)
         abandon_a_stream(server)  # on version 1: it used to keep the version from ever unloading
         timeline["canary"] = time.monotonic()
         versions.canary(2, CANARY_PERCENT)
@@ -165,7 +167,24 @@ def test_a_deploy_that_cannot_fit_or_is_broken_leaves_the_serving_version_untouc
     assert all(loaded.get(v, "UNAVAILABLE") == "UNAVAILABLE" for v in (3, 4, 5, 6)), loaded
     answer = requests.post(f"http://{server.http_url}/v2/models/ensemble/generate",
                            json={"text_input": "still here", "max_tokens": 4}, timeout=60)
-    assert answer.status_code == 200 and answer.json()["glm_version"] == (traffic_before.stable if traffic_before else 1)
+    stable = traffic_before.stable if traffic_before else 1
+    assert answer.status_code == 200 and answer.json()["glm_version"] == stable
+
+
+def test_the_command_line_prints_the_status_and_exits_1_with_the_reason(server):
+    command = [sys.executable, os.path.join(REPO, "scripts", "glm_versions.py"), "--url", server.http_url,
+               "--metrics-url", f"localhost:{server.metrics_port}", "--model-repository", server.model_repository]
+    env = {**os.environ, "GLM_ADMIN_KEY": server.admin_key}
+    status = subprocess.run([*command, "status"], capture_output=True, text=True, env=env, timeout=120)
+    assert status.returncode == 0, status.stderr
+    header, *rows = status.stdout.splitlines()
+    assert header.split()[:3] == ["version", "state", "share"] and any("READY" in row for row in rows)
+    refused = subprocess.run([*command, "canary", "9", "--percent", "10"], capture_output=True, text=True, env=env,
+                             timeout=120)
+    assert refused.returncode == 1 and "glm_versions canary: version 9 is not loaded" in refused.stderr
+    wrong_key = subprocess.run([*command, "--admin-key", "guess", "status"], capture_output=True, text=True,
+                               env=env, timeout=120)
+    assert wrong_key.returncode == 1 and "control-plane key" in wrong_key.stderr and "Traceback" not in wrong_key.stderr
 
 
 def test_the_tool_needs_the_key_and_refuses_what_makes_no_sense(server):
@@ -184,3 +203,42 @@ def test_the_tool_needs_the_key_and_refuses_what_makes_no_sense(server):
         versions.deploy(stable, "/nonexistent")
     with pytest.raises(VersionError, match="no checkpoint folder"):
         versions.deploy(7, "/nonexistent")
+
+
+def version_sample(server, name: str, version: int, **labels) -> float:
+    """One glm metric of one version, e.g. glm_num_requests_running of version 1."""
+    wanted = [f'version="{version}"', 'model="glm"', *(f'{k}="{v}"' for k, v in labels.items())]
+    (value,) = [v for key, v in metrics(server).items() if key.split("{")[0] == name and all(w in key for w in wanted)]
+    return value
+
+
+def test_a_forwarded_stream_whose_client_cancels_stops_where_it_runs_and_lets_its_version_unload(
+        server, second_checkpoint, demo_model_dir):
+    lines: list[str] = []
+    versions = manager(server, lines)
+    versions.deploy(2, second_checkpoint)  # the newest: Triton gives it every request, the split sends them to 1
+    try:
+        cancelled_before = version_sample(server, "glm_requests_finished_total", 1, finish_reason="cancelled")
+        prompt = np.array([GlmTokenizer(demo_model_dir).encode("a long answer")], dtype=np.int32)
+        tensors = {"input_ids": prompt, "input_lengths": np.array([[prompt.shape[1]]], dtype=np.int32),
+                   "request_output_len": np.array([[1000]], dtype=np.int32), "ignore_eos": np.array([[True]]),
+                   "streaming": np.array([[True]])}
+        inputs = []
+        for name, value in tensors.items():
+            inputs.append(grpcclient.InferInput(name, list(value.shape), "BOOL" if value.dtype == bool else "INT32"))
+            inputs[-1].set_data_from_numpy(value)
+        responses = []
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        client.start_stream(callback=lambda result, error: responses.append((result, error)))
+        client.async_stream_infer("glm", inputs)
+        assert wait_for(lambda: len(responses) >= 2, timeout=60)
+        assert all(error is None and result.as_numpy("glm_version").item() == 1 for result, error in responses)
+        assert version_sample(server, "glm_num_requests_running", 1) == 1
+        client.stop_stream(cancel_requests=True)
+        client.close()
+        assert wait_for(lambda: version_sample(server, "glm_requests_finished_total", 1, finish_reason="cancelled")
+                        == cancelled_before + 1, timeout=30)
+        assert version_sample(server, "glm_kv_blocks_used", 1) == 0
+    finally:
+        versions.rollback()  # unloads version 2, which waits for every request it forwarded to be closed
+    assert versions.loaded_versions()[2] == "UNAVAILABLE"

@@ -70,6 +70,14 @@ def error_response(message: str, code: str = "INVALID_ARG", code_in_message: boo
                                       error=pb_utils.TritonError(message, getattr(pb_utils.TritonError, code)))
 
 
+def send_now(sender, response, flags: int) -> None:
+    """Send a response (None: only the flags, e.g. an empty final response) through a response sender."""
+    if response is None:
+        sender.send(flags=flags)
+    else:
+        sender.send(response, flags=flags)
+
+
 def internal_error(what: str, code_in_message: bool = False):
     """The response to an exception no check foresaw: logged with its traceback, and reported to the client without
     one (nor any server path)."""

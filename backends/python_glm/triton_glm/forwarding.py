@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from .common import CODE_IN_MESSAGE, callee_error, error_response, internal_error
+from .common import CODE_IN_MESSAGE, callee_error, error_response, internal_error, send_now
 from .versions import PINNED
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ class Forwarder:
             for response in callee_request.exec(decoupled=True):
                 if finished or stopped:
                     continue
-                if sender.is_cancelled():
+                if sender.is_cancelled():  # the client went away: stop the request there, close this one at the end
                     self.stop(forward_id, version)
                     stopped = True
                     continue
@@ -79,15 +79,16 @@ class Forwarder:
                 finished = bool(reason)
                 sender.send(pb_utils.InferenceResponse(output_tensors=[t for t in tensors if t.name() in wanted]),
                             flags=final if finished else 0)
-            if not (finished or stopped):
+            if not finished:  # every request gets its final flag, or Triton holds it (and this version) for ever
                 sender.send(flags=final)
         except Exception:
-            if not (finished or stopped):
+            if not finished:
                 try:
-                    sender.send(internal_error(f"forwarding a request to version {version}", code_in_message),
-                                flags=final)
+                    error = None if stopped else internal_error(f"forwarding a request to version {version}",
+                                                                code_in_message)
+                    send_now(sender, error, final)
                 except Exception:  # the client went away
-                    log.exception("sending a forwarded request's error failed")
+                    log.exception("closing a forwarded request failed")
 
     def close(self) -> None:
         self.pool.shutdown(wait=False)

@@ -17,7 +17,7 @@ from glm_engine.tokenizer import GlmTokenizer, same_tokenizer
 from glm_engine.watchdog import Watchdog
 
 from .common import (CODE_IN_MESSAGE, InputError, cut_to_text_length, error_response, internal_error,
-                     optional_scalar, request_parameters, required_array, resolve_model_dir)
+                     optional_scalar, request_parameters, required_array, resolve_model_dir, send_now)
 from .forwarding import Forwarder
 from .metrics import EngineMetrics
 from .request_params import sampling_params
@@ -162,13 +162,6 @@ def version_checkpoint(model_path: str, version: int, parameters: dict[str, str]
                            f"server's checkpoint {server_checkpoint}, which preprocessing, postprocessing and bls use "
                            "for every version; serve it from a model repository of its own")
     return spec.checkpoint
-
-
-def send_now(sender, response, flags: int) -> None:
-    if response is None:
-        sender.send(flags=flags)
-    else:
-        sender.send(response, flags=flags)
 
 
 class ResponseOutbox:

@@ -85,7 +85,13 @@ class Traffic:
     previous: int | None = None  # the version that rollback returns to
 
     def __post_init__(self):
-        if not 0.0 <= self.canary_percent <= 100.0:
+        for name in ("stable", "canary", "previous"):
+            value, optional = getattr(self, name), name != "stable"
+            if (value is None and optional) or (type(value) is int and value >= 1):
+                continue
+            raise VersionError(f"{name} must be a version number (1 or more){' or null' if optional else ''}, "
+                               f"got {value!r}")
+        if not isinstance(self.canary_percent, (int, float)) or not 0.0 <= self.canary_percent <= 100.0:
             raise VersionError(f"canary_percent must lie in [0, 100], got {self.canary_percent}")
 
     def shares(self) -> dict[int, float]:
