@@ -320,9 +320,9 @@ class TritonServer:
     def unload_models(self, timeout: float = EXIT_TIMEOUT_S) -> None:
         """Unload every model and wait until none is left: their finalize runs, their stub processes exit and remove
         their shared memory. (Triton's own shutdown first waits up to its exit timeout for clients to close idle
-        HTTP connections, and then has no time left to unload anything.) A model that a request Triton never ends
-        keeps loaded (an ensemble stream whose client went away: docs/operations.md#disconnects) is given up on
-        after `timeout`; kill() removes what its stub leaves."""
+        HTTP connections, and then has no time left to unload anything.) A model that a request still holds (one
+        Triton never ends, as its ensemble once did: docs/operations.md#disconnects) is given up on after `timeout`;
+        kill() removes what its stub leaves."""
         index = self.repository() or []
         for entry in index:
             self.repository(f"models/{entry['name']}/unload")
