@@ -7,7 +7,6 @@ import glob
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,7 +20,7 @@ import tritonclient.grpc as grpcclient
 from support import REPO
 from support.checkpoints import make_tiny_checkpoint
 from support.reference import prompts
-from support.server import metric, metrics, running_server, wait_for
+from support.server import abandon_a_stream, metric, metrics, running_server, wait_for
 import tritonclient.utils.shared_memory as shared_memory
 from tritonclient.utils import InferenceServerException
 
@@ -245,11 +244,7 @@ def test_streams_whose_clients_went_away_end_at_max_tokens_and_sigterm_stays_pro
     tritonserver wait out its exit timeout on SIGTERM and kill its stubs: the ensemble's config.pbtxt says why), so
     glm unloads and a SIGTERM to tritonserver itself stops it in a few seconds."""
     with running_server(demo_model_dir, str(tmp_path)) as server:
-        body = json.dumps({"text_input": "gone", "max_tokens": 120, "ignore_eos": True, "stream": True}).encode()
-        with socket.create_connection(("localhost", server.http_port)) as connection:
-            connection.sendall(b"POST /v2/models/ensemble/generate_stream HTTP/1.1\r\nHost: x\r\n"
-                               b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
-            assert b"data: " in connection.recv(4096)
+        abandon_a_stream(server, max_tokens=120)
         responses = []
         client = grpcclient.InferenceServerClient(server.grpc_url)
         client.start_stream(callback=lambda result, error: responses.append(error))

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ import pytest
 import requests
 import tritonclient.grpc as grpcclient
 from support import REPO
-from support.server import metrics, running_server, wait_for
+from support.server import abandon_a_stream, metrics, running_server, wait_for
 
 from clients.versions import VersionError, VersionManager
 from glm_engine.tokenizer import GlmTokenizer
@@ -55,15 +54,6 @@ def manager(server, lines: list[str]) -> VersionManager:
                           metrics_url=f"localhost:{server.metrics_port}", out=lines.append)
 
 
-def abandon_a_stream(server) -> None:
-    """An ensemble stream whose HTTP client goes away after its first event."""
-    body = json.dumps({"text_input": "gone", "max_tokens": 64, "ignore_eos": True, "stream": True}).encode()
-    with socket.create_connection(("localhost", server.http_port)) as connection:
-        connection.sendall(b"POST /v2/models/ensemble/generate_stream HTTP/1.1\r\nHost: x\r\n"
-                           b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
-        assert b"data: " in connection.recv(4096)
-
-
 def glm_stub_pids(server) -> dict[int, str]:
     """glm's stub processes -> their version."""
     return {pid: stub.version for pid, stub in server.stub_processes().items() if stub.model == "glm"}
@@ -80,7 +70,7 @@ def test_deploy_canary_promote_and_rollback_under_load_fail_no_request(server, s
         versions.deploy(2, second_checkpoint)
         with pytest.raises(VersionError, match="promote it or roll it back first"):  # one candidate at a time
             versions.deploy(3, second_checkpoint)
-        abandon_a_stream(server)  # on version 1: it used to keep the version from ever unloading
+        abandon_a_stream(server, max_tokens=64)  # on version 1: it used to keep the version from ever unloading
         timeline["canary"] = time.monotonic()
         versions.canary(2, CANARY_PERCENT)
         canary_start = time.monotonic()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import socket
 import sys
 import time
 
@@ -56,3 +58,16 @@ def wait_for(condition, timeout=15.0, interval=0.2):
             return True
         time.sleep(interval)
     return False
+
+
+def abandon_a_stream(server, max_tokens: int) -> None:
+    """An ensemble generate_stream whose HTTP client goes away after its first event (a raw socket, closed)."""
+    body = json.dumps({"text_input": "gone", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}).encode()
+    with socket.create_connection(("localhost", server.http_port), timeout=60) as connection:
+        connection.sendall(b"POST /v2/models/ensemble/generate_stream HTTP/1.1\r\nHost: x\r\n"
+                           b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        received = b""
+        while b"data: " not in received:  # the headers may come alone, before the first event
+            chunk = connection.recv(4096)
+            assert chunk, received
+            received += chunk
