@@ -17,7 +17,7 @@ from tritonclient.utils import InferenceServerException
 
 from .client import CANCEL_TIMEOUT_S, ClientSettings, Deadline, event_piece
 from .errors import GlmError, RequestTimeoutError, ServerUnavailableError, from_http, from_triton, message_from_body
-from .request import Generation, Piece, generate_body, model_url, stop_body, stop_inputs, triton_inputs
+from .request import Generation, Piece, answers_asked, generate_body, model_url, stop_body, stop_inputs, triton_inputs
 from .stream import AsyncTextStream
 
 
@@ -90,6 +90,7 @@ class AsyncGrpcClient(AsyncClientBase):
         over = asyncio.Event()
         call = self._client.stream_infer(_one(request, over))
         finished = False
+        unfinished = answers_asked(values)
         try:
             while True:
                 try:
@@ -104,9 +105,10 @@ class AsyncGrpcClient(AsyncClientBase):
                     finished = True
                     raise from_triton(error)
                 piece = Piece.from_outputs(result.as_numpy)
-                # Without empty final responses (not offered by the aio client), the last piece is the one that
-                # says why the request ended.
-                finished = bool(piece.finish_reason)
+                # Without empty final responses (not offered by the aio client), the request is over when each of
+                # its answers has sent the piece that says why it ended.
+                unfinished -= bool(piece.finish_reason)
+                finished = unfinished == 0
                 yield piece
                 if finished:
                     return
@@ -164,6 +166,7 @@ class AsyncHttpClient(AsyncClientBase):
         deadline = Deadline(self.timeout)
         url = model_url(self.url, self.model, "generate_stream" if stream else "generate", self.model_version)
         finished = False
+        unfinished = answers_asked(values)
         try:
             response = await self._with_deadline(
                 deadline, self._http().post(url, json=generate_body(prompt, stream, values, request_id)))
@@ -181,7 +184,8 @@ class AsyncHttpClient(AsyncClientBase):
                         return
                     piece = event_piece(line.decode().strip())
                     if piece is not None:
-                        finished = bool(piece.finish_reason)
+                        unfinished -= bool(piece.finish_reason)
+                        finished = unfinished == 0
                         yield piece
         except RequestTimeoutError:
             raise  # still running on the server: cancelled below

@@ -19,7 +19,7 @@ from tritonclient.utils import InferenceServerException
 
 from .chat import ChatTemplate
 from .errors import GlmError, RequestTimeoutError, ServerUnavailableError, from_http, from_triton, message_from_body
-from .request import (ENGINE_MODEL, Generation, Piece, generate_body, model_url, request_values, stop_body,
+from .request import (ENGINE_MODEL, Generation, Piece, answers_asked, generate_body, model_url, request_values, stop_body,
                       stop_inputs, triton_inputs)
 from .stream import TextStream
 
@@ -213,11 +213,13 @@ class HttpClient(ClientBase):
                     finished = True
                     yield Piece.from_outputs(response.json().get)
                     return
+                unfinished = answers_asked(values)
                 for line in response.iter_lines(decode_unicode=True):
                     deadline.remaining()
                     piece = event_piece(line)
                     if piece is not None:
-                        finished = bool(piece.finish_reason)
+                        unfinished -= bool(piece.finish_reason)
+                        finished = unfinished == 0
                         yield piece
                 finished = True
         except RequestTimeoutError:

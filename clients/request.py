@@ -16,11 +16,17 @@ SAMPLING_INPUTS = {
     "frequency_penalty": ("FP32", np.float32), "min_tokens": ("INT32", np.int32), "end_id": ("INT32", np.int32),
     "ignore_eos": ("BOOL", bool), "return_log_probs": ("BOOL", bool), "exclude_input_in_output": ("BOOL", bool),
     "stop_words": ("BYTES", np.object_), "bad_words": ("BYTES", np.object_),
+    "num_return_sequences": ("INT32", np.int32),
 }
 # A client wants the answer, not the prompt echoed back (the server's TensorRT-LLM default).
 CLIENT_DEFAULTS = {"exclude_input_in_output": True}
 # The model that runs the engine: `stop` requests go to it (see GrpcClient.cancel).
 ENGINE_MODEL = "glm"
+
+
+def answers_asked(values: dict) -> int:
+    """How many answers a request's values ask for: each ends with a piece that has a finish_reason."""
+    return int(values.get("num_return_sequences") or 1)
 
 
 def request_values(sampling: dict) -> dict:
@@ -98,6 +104,7 @@ class Piece:
     num_output_tokens: int = 0
     cum_log_prob: float | None = None
     glm_version: int | None = None
+    sequence_index: int = 0  # which answer (of num_return_sequences) the piece belongs to
 
     @classmethod
     def from_outputs(cls, get) -> "Piece":
@@ -110,9 +117,10 @@ class Piece:
             value = value.reshape(-1)[0] if value.size else None
             return value.decode() if isinstance(value, bytes) else value
 
-        cum, version = scalar("cum_log_probs"), scalar("glm_version")
+        cum, version, index = scalar("cum_log_probs"), scalar("glm_version"), scalar("sequence_index")
         return cls(text=scalar("text_output") or "", finish_reason=scalar("finish_reason") or "",
                    num_input_tokens=int(scalar("num_input_tokens") or 0),
                    num_output_tokens=int(scalar("num_output_tokens") or 0),
                    cum_log_prob=None if cum is None else float(cum),
-                   glm_version=None if version is None else int(version))
+                   glm_version=None if version is None else int(version),
+                   sequence_index=0 if index is None else int(index))

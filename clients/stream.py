@@ -2,30 +2,46 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 from .request import Generation, Piece
 
 
 class _Collector:
-    """Adds up pieces into a Generation."""
+    """Adds up pieces into a Generation per answer (num_return_sequences)."""
 
     def __init__(self, wants_log_prob: bool):
-        self.texts: list[str] = []
-        self.last = Piece("")
+        self.texts: dict[int, list[str]] = {0: []}
+        self.last: dict[int, Piece] = {0: Piece("")}
         self.wants_log_prob = wants_log_prob
 
     def add(self, piece: Piece) -> None:
-        self.texts.append(piece.text)
-        self.last = piece
+        self.texts.setdefault(piece.sequence_index, []).append(piece.text)
+        self.last[piece.sequence_index] = piece
 
-    def generation(self) -> Generation:
-        last = self.last
-        return Generation("".join(self.texts), last.finish_reason, last.num_input_tokens, last.num_output_tokens,
-                          last.cum_log_prob if self.wants_log_prob else None, last.glm_version)
+    def generations(self) -> list[Generation]:
+        return [Generation("".join(self.texts[index]), last.finish_reason, last.num_input_tokens,
+                           last.num_output_tokens, last.cum_log_prob if self.wants_log_prob else None,
+                           last.glm_version)
+                for index, last in sorted(self.last.items())]
 
 
-class TextStream:
+class _Answers:
+    """What both streams keep: the pieces' source, the request id and, once over, the answers."""
+
+    def __init__(self, pieces, wants_log_prob: bool = False, request_id: str = ""):
+        self._pieces = pieces
+        self.request_id = request_id
+        self._collector = _Collector(wants_log_prob)
+        self.generation: Generation | None = None  # the (first) answer, once the stream is over
+        self.generations: list[Generation] = []  # every answer, by sequence_index (num_return_sequences)
+
+    def _finish(self) -> None:
+        self.generations = self._collector.generations()
+        self.generation = self.generations[0]
+
+
+class TextStream(_Answers):
     """Text pieces as the server sends them; `generation` holds the whole answer once the stream is over.
 
         with client.stream("Once upon a time", max_tokens=64) as stream:
@@ -36,13 +52,8 @@ class TextStream:
     Leaving early (break and close(), the end of the with block, an exception, Ctrl-C) cancels the request on
     the server, which frees its KV blocks. `request_id` names the request on the server: another thread can stop
     it with the client's cancel(stream.request_id), and the stream then ends with finish_reason "cancelled".
+    With num_return_sequences above 1 the pieces of all answers come interleaved: `generations` has each answer.
     """
-
-    def __init__(self, pieces: Iterator[Piece], wants_log_prob: bool = False, request_id: str = ""):
-        self._pieces = pieces
-        self.request_id = request_id
-        self._collector = _Collector(wants_log_prob)
-        self.generation: Generation | None = None
 
     def __iter__(self) -> "TextStream":
         return self
@@ -52,7 +63,7 @@ class TextStream:
             try:
                 piece = next(self._pieces)
             except StopIteration:
-                self.generation = self._collector.generation()
+                self._finish()
                 raise
             self._collector.add(piece)
             if piece.text:
@@ -74,16 +85,10 @@ class TextStream:
         self.close()
 
 
-class AsyncTextStream:
+class AsyncTextStream(_Answers):
     """TextStream for asyncio: `async for text in stream`, `async with`, `await stream.until_done()`;
     aclose() or cancelling the task cancels the request on the server; another task can stop it with the
     client's cancel(stream.request_id)."""
-
-    def __init__(self, pieces: AsyncIterator[Piece], wants_log_prob: bool = False, request_id: str = ""):
-        self._pieces = pieces
-        self.request_id = request_id
-        self._collector = _Collector(wants_log_prob)
-        self.generation: Generation | None = None
 
     def __aiter__(self) -> "AsyncTextStream":
         return self
@@ -93,11 +98,22 @@ class AsyncTextStream:
             try:
                 piece = await self._pieces.__anext__()
             except StopAsyncIteration:
-                self.generation = self._collector.generation()
+                self._finish()
                 raise
             self._collector.add(piece)
             if piece.text:
                 return piece.text
+
+    async def pieces(self) -> AsyncIterator[Piece]:
+        """The pieces themselves, with their sequence_index and figures (for num_return_sequences above 1)."""
+        while True:
+            try:
+                piece = await self._pieces.__anext__()
+            except StopAsyncIteration:
+                self._finish()
+                return
+            self._collector.add(piece)
+            yield piece
 
     async def until_done(self) -> Generation:
         async for _ in self:

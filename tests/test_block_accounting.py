@@ -151,3 +151,33 @@ def test_a_failed_step_fails_its_requests_and_frees_their_blocks(glm4_dir):
     assert all(o.finished and o.finish_reason is FinishReason.ERROR and "device lost" in o.error for o in outputs)
     assert not engine.has_unfinished_requests()
     assert engine.pool.num_free_blocks == engine.pool.num_blocks
+
+
+def test_the_answers_to_one_prompt_share_its_blocks(glm4_dir):
+    """num_return_sequences / n: the first answer leads; the others start once its prompt's full blocks are cached,
+    take them, and compute only the last partial block. Each answer is what a request of its own with the same seed
+    gives."""
+    engine = LLMEngine(EngineConfig(model_dir=glm4_dir, block_size=4, num_kv_blocks=32))
+    prompt = list(range(3, 13))  # 10 tokens: two full blocks and a partial one
+    samples = SamplingParams(max_tokens=6, temperature=1.0, seed=5, n=3).samples()
+    for index, params in enumerate(samples):
+        engine.add_request(f"a{index}", prompt, params, leader_id="a0" if index else None)
+    outputs = {f"a{i}": [] for i in range(3)}
+
+    def step():
+        for output in engine.step():
+            outputs[output.request_id] += output.new_token_ids
+
+    step()
+    assert [engine.sequences[f"a{i}"].started for i in range(3)] == [True, False, False]
+    step()
+    followers = [engine.sequences["a1"], engine.sequences["a2"]]
+    assert all(seq.num_cached_blocks == 2 for seq in followers)
+    assert engine.pool.num_used_blocks == 3 + 1 + 1  # the leader's three, and one partial block each
+    engine.pool.check_invariants(engine.scheduler.live_sequences())
+    while engine.has_unfinished_requests():
+        step()
+    assert engine.pool.num_used_blocks == 0
+
+    alone = LLMEngine(EngineConfig(model_dir=glm4_dir, block_size=4, num_kv_blocks=32, enable_prefix_caching=False))
+    assert alone.generate([prompt] * 3, samples) == list(outputs.values())

@@ -63,16 +63,18 @@ def test_the_client_sdk_sends_schema_inputs_with_their_types():
         assert name in schema, name
         assert datatype == schema[name].datatype.replace("STRING", "BYTES"), name
     # What the SDK does not take as a keyword: the prompt and streaming (its own arguments), vllm_backend's style,
-    # and TensorRT-LLM's pad_id, which changes nothing.
-    assert set(schema) - set(SAMPLING_INPUTS) == {
+    # and TensorRT-LLM's inputs that change nothing, older names and perf metrics.
+    compatibility = {t.name for t in REQUEST_INPUTS if t.accepts is not None}
+    assert set(schema) - set(SAMPLING_INPUTS) - compatibility == {
         "text_input", "stream", "sampling_parameters", "return_logprobs", "return_cumulative_logprob",
-        "return_finish_reason", "return_num_input_tokens", "return_num_output_tokens", "pad_id"}
+        "return_finish_reason", "return_num_input_tokens", "return_num_output_tokens", "pad_id", "min_length",
+        "random_seed", "return_perf_metrics", "return_kv_cache_reuse_stats", "early_stopping"}
 
 
 def test_every_input_has_a_meaning_a_default_and_a_known_type():
     for tensor in REQUEST_INPUTS:
         assert tensor.meaning and tensor.default_text(), tensor.name
-        assert tensor.datatype in ("BOOL", "INT32", "UINT64", "FP32", "STRING"), tensor.name
+        assert tensor.datatype in ("BOOL", "INT32", "UINT64", "FP32", "FP16", "STRING"), tensor.name
 
 
 def test_the_docs_print_the_schema():

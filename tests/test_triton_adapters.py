@@ -4,6 +4,7 @@ the responses carry is tested without Triton in test_output_processor.py."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import numpy as np
@@ -17,7 +18,7 @@ from glm_engine import FinishReason, RequestOutput  # noqa: E402
 from glm_engine.output_processor import OutputProcessor  # noqa: E402
 from glm_engine.tokenizer import GlmTokenizer  # noqa: E402
 from triton_glm.common import InputError  # noqa: E402
-from triton_glm.glm import ResponseStream  # noqa: E402
+from triton_glm.glm import OpenAnswers, ResponseStream  # noqa: E402
 from triton_glm.request_params import sampling_params  # noqa: E402
 
 FINAL = fake_pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -81,9 +82,38 @@ def test_only_the_outputs_the_client_asked_for_are_sent(tokenizer):
         responses.on_output(output(tokenizer.encode("ok", add_special_tokens=False)))
         responses.on_output(output([], finished=True, reason=FinishReason.LENGTH))
     assert all(set(r.outputs) == {"output_ids", "finish_reason"} for r, _ in asked.sent)
-    assert all(len(r.outputs) == 10 for r, _ in everything.sent)
+    assert all(len(r.outputs) == 12 for r, _ in everything.sent)  # the perf metrics only when asked for
     assert all(r.outputs["glm_version"].item() == 1 for r, _ in everything.sent)
     assert asked.sent[-1][0].outputs["finish_reason"].item() == b"length"
+
+
+def test_several_answers_share_one_final_flag_and_say_which_they_are(tokenizer):
+    """num_return_sequences: each answer's responses carry its sequence_index; only the last answer to end sends
+    Triton's final flag, whatever order they end in."""
+    sender = Sender()
+    answers = OpenAnswers(3)
+    streams = [ResponseStream(sender, OutputProcessor(tokenizer, [3], False, False), sequence_index=index,
+                              answers=answers) for index in range(3)]
+    for index in (2, 0, 1):
+        streams[index].on_output(output([5, 6], finished=True, reason=FinishReason.LENGTH))
+    assert [r.outputs["sequence_index"].item() for r, _ in sender.sent] == [2, 0, 1]
+    assert [flags for _, flags in sender.sent] == [0, 0, FINAL]
+
+
+def test_perf_metrics_are_sent_when_asked_for(tokenizer):
+    sender = Sender()
+    responses = ResponseStream(sender, OutputProcessor(tokenizer, [3], False, False), perf_metrics=True)
+    running = RequestOutput("r", [5], num_cached_blocks=1, num_blocks=3, first_scheduled_ns=7)
+    responses.on_output(running)
+    responses.on_output(RequestOutput("r", [6], finished=True, finish_reason=FinishReason.LENGTH, num_cached_blocks=1,
+                                      first_scheduled_ns=7))  # a finished request holds no blocks
+    (response, _), = sender.sent
+    figures = {name: response.outputs[name].item() for name in ("kv_cache_reused_blocks", "kv_cache_alloc_new_blocks",
+                                                                "kv_cache_alloc_total_blocks")}
+    assert figures == {"kv_cache_reused_blocks": 1, "kv_cache_alloc_new_blocks": 2, "kv_cache_alloc_total_blocks": 3}
+    times = [response.outputs[name].item() for name in ("arrival_time_ns", "first_token_time_ns",
+                                                         "last_token_time_ns")]
+    assert times == sorted(times) and times[0] > 0
 
 
 def test_engine_errors_become_internal_error_responses(tokenizer):
@@ -96,10 +126,12 @@ def test_engine_errors_become_internal_error_responses(tokenizer):
 
 
 def request(sampling_parameters=None, **tensors):
-    """A request as the stand-in pb_utils sees it: input name -> tensor of shape [1, 1]."""
+    """A request as the stand-in pb_utils sees it: input name -> tensor of shape [1, 1] (an array of two dimensions
+    or more as it is)."""
     if sampling_parameters is not None:
         tensors["sampling_parameters"] = np.array([[json.dumps(sampling_parameters).encode()]], dtype=np.object_)
-    return {name: fake_pb_utils.Tensor(name, np.array(value).reshape(1, 1)) for name, value in tensors.items()}
+    return {name: fake_pb_utils.Tensor(name, np.array(value) if np.ndim(value) >= 2 else np.array(value).reshape(1, 1))
+            for name, value in tensors.items()}
 
 
 def test_vllm_style_sampling_parameters_with_string_values():
@@ -124,7 +156,7 @@ def test_tensors_win_over_the_json_and_defaults_fill_the_rest():
 @pytest.mark.parametrize("sampling_parameters, message", [
     ({"temprature": 0.1}, r"unsupported keys \['temprature'\]"),
     ({"max_tokens": "many"}, r"'max_tokens' has an unusable value 'many'"),
-    ({"n": 2}, "only n = 1"),
+    ({"n": "two"}, "'n' has an unusable value 'two'"),
     ({"ignore_eos": "perhaps"}, "'ignore_eos' has an unusable value"),
     ({"stop": ["ok", 3]}, "'stop' must be a string or a list of strings"),
     ({"stop": ["x"] * 65}, "stop_words must hold at most 64 strings of at most 128 characters, got 65"),
@@ -134,6 +166,22 @@ def test_tensors_win_over_the_json_and_defaults_fill_the_rest():
 def test_bad_sampling_parameters_are_named(sampling_parameters, message):
     with pytest.raises(InputError, match=message):
         sampling_params(request(sampling_parameters), 64)
+
+
+def test_tensorrt_llm_inputs_that_change_nothing_are_accepted_and_others_named():
+    accepted = dict(beam_width=np.int32(1), length_penalty=np.float32(1.3), early_stopping=True,
+                    return_context_logits=False, num_draft_tokens=np.int32(0), lora_task_id=np.uint64(0),
+                    guided_decoding_guide=np.array([[b""]], dtype=np.object_))
+    params = sampling_params(request(**accepted, min_length=np.int32(2), random_seed=np.uint64(9),
+                                     num_return_sequences=np.int32(3)), 64)
+    assert (params.min_tokens, params.seed, params.n) == (2, 9, 3)
+    assert [p.seed for p in params.samples()] == [9, 10, 11] and all(p.n == 1 for p in params.samples())
+    for name, value, rule in (("beam_width", np.int32(4), "must be 1 (beam search is not supported)"),
+                              ("return_generation_logits", True, "must be false"),
+                              ("lora_weights", np.ones((1, 2, 2), dtype=np.float16), "must be empty"),
+                              ("guided_decoding_guide", np.array([[b"{}"]], dtype=np.object_), "must be empty")):
+        with pytest.raises(InputError, match=rf"input '{name}' {re.escape(rule)}"):
+            sampling_params(request(**{name: value}), 64)
 
 
 def test_sampling_parameters_must_be_a_json_object():

@@ -47,6 +47,11 @@ class RequestOutput:
     # With `error`: the request failed because the engine was overloaded or shutting down, not because of the request
     # or a fault (see Unavailable).
     unavailable: bool = False
+    # KV blocks of the prompt the request found in the prefix cache when it started, those it holds (0 once over),
+    # and when it first joined the batch (time.time_ns(); 0 before): for TensorRT-LLM's perf-metric outputs.
+    num_cached_blocks: int = 0
+    num_blocks: int = 0
+    first_scheduled_ns: int = 0
 
 
 @dataclass
@@ -122,7 +127,10 @@ class LLMEngine:
         self.num_refused += 1
         raise Overloaded(f"the server is overloaded: {reason}; retry later")
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                    leader_id: str | None = None) -> None:
+        """`leader_id`: another answer to the same prompt, added just before; this one then shares its prompt's KV
+        blocks (Sequence.leader). Each of a request's n answers is added on its own (SamplingParams.samples)."""
         if request_id in self.sequences:
             raise ValueError(f"request id {request_id!r} is already running")
         self.check_request(prompt_token_ids, params)
@@ -134,6 +142,7 @@ class LLMEngine:
             params=params,
             stop_token_ids=frozenset(stop_ids),
             seed=params.seed if params.seed is not None else self._seed_source.getrandbits(63),
+            leader=self.sequences.get(leader_id) if leader_id is not None else None,
         )
         self.sequences[request_id] = seq
         self.scheduler.add(seq)
@@ -259,6 +268,9 @@ class LLMEngine:
             finish_reason=seq.finish_reason,
             num_prompt_tokens=seq.num_prompt_tokens,
             num_output_tokens=seq.num_output_tokens,
+            num_cached_blocks=seq.num_cached_blocks,
+            num_blocks=len(seq.block_table),
+            first_scheduled_ns=seq.first_scheduled_ns,
         )
 
     def stats(self) -> EngineStats:

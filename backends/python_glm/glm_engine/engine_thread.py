@@ -54,8 +54,8 @@ class EngineThread:
             raise error
 
     def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-               on_output: OutputCallback) -> None:
-        """Queue a request. Raises at once, on the caller's thread: ValueError if it can never be served, Overloaded
+               on_output: OutputCallback, leader_id: str | None = None) -> None:
+        """Queue a request (`leader_id`: see LLMEngine.add_request). Raises at once, on the caller's thread: ValueError if it can never be served, Overloaded
         if the engine's admission limits refuse it now, Unavailable if the engine is draining."""
         if self._drain_deadline is not None:
             raise Unavailable(SHUTTING_DOWN)
@@ -64,7 +64,7 @@ class EngineThread:
             self.engine.check_admission(len(prompt_token_ids), self._queued_requests, self._queued_tokens)
             self._queued_requests += 1
             self._queued_tokens += len(prompt_token_ids)
-        self._inbox.put(("add", request_id, prompt_token_ids, params, on_output))
+        self._inbox.put(("add", request_id, prompt_token_ids, params, on_output, leader_id))
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id))
@@ -140,12 +140,12 @@ class EngineThread:
     def _handle(self, message: tuple) -> None:
         kind = message[0]
         if kind == "add":
-            _, request_id, prompt, params, on_output = message
+            _, request_id, prompt, params, on_output, leader_id = message
             with self._queued_lock:
                 self._queued_requests -= 1
                 self._queued_tokens -= len(prompt)
             try:
-                self.engine.add_request(request_id, prompt, params)
+                self.engine.add_request(request_id, prompt, params, leader_id)
             except ValueError as exc:
                 self._call(on_output, RequestOutput(request_id, [], finished=True, error=str(exc)))
                 return

@@ -7,6 +7,7 @@ stop and bad words against them before tokenizing anything.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -64,6 +65,8 @@ RULES = {
     "frequency_penalty": Interval(-2, 2),
     "min_tokens": Interval(0, text="lie in [0, max_tokens]"),  # the upper end is checked by validate()
     "seed": Interval(0, 2**64, high_open=True, text="lie in [0, 2**64)"),
+    # Answers per prompt: each is a sequence of its own, and all share the prompt's KV blocks.
+    "n": Interval(1, 64),
     # Stop strings cost the engine thread a few steps of an automaton per character, whatever their number; these
     # bound the automaton a request can build (and bad words the sampler's work per step).
     "stop": StringList(max_items=64, max_chars=128),
@@ -102,10 +105,20 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] | None = None
     # Strings that end the answer, never sent (the output processor finds them; the engine never sees them).
     stop: tuple[str, ...] = ()
+    # Answers to this prompt (see samples()).
+    n: int = 1
 
     @property
     def greedy(self) -> bool:
         return self.temperature < GREEDY_BELOW_TEMPERATURE or self.top_k == 1
+
+    def samples(self) -> list[SamplingParams]:
+        """The settings of each of the n answers: the same, with seeds seed, seed + 1, ... when a seed is given, so
+        that each answer differs from the others and is reproducible."""
+        if self.n == 1:
+            return [self]
+        seeds = [None if self.seed is None else (self.seed + i) % 2**64 for i in range(self.n)]
+        return [dataclasses.replace(self, n=1, seed=seed) for seed in seeds]
 
     def validate(self) -> None:
         """Raise ValueError naming the setting that breaks its rule in RULES."""

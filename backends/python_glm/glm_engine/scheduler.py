@@ -11,6 +11,7 @@ schedule() returns the step as a SchedulerOutput; the engine runs it and then ap
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -97,6 +98,8 @@ class Scheduler:
         # Then waiting ones, first come first served, unless this step already had to preempt.
         while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            if self._waits_for_leader(seq):
+                break
             hit = self.pool.reuse_cached_prefix(seq)
             num_new = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if not self.pool.can_allocate(seq, seq.num_computed_tokens + num_new):
@@ -108,7 +111,10 @@ class Scheduler:
             self.waiting.popleft()
             self.waiting_tokens -= seq.num_tokens
             seq.status = SequenceStatus.RUNNING
-            seq.started = True
+            if not seq.started:
+                seq.started = True
+                seq.num_cached_blocks = hit // self.pool.block_size
+                seq.first_scheduled_ns = time.time_ns()
             self.running.append(seq)
             scheduled.append(self._schedule(seq, num_new))
             budget -= num_new
@@ -116,6 +122,15 @@ class Scheduler:
         step = SchedulerOutput(scheduled)
         self._check(step)
         return step
+
+    def _waits_for_leader(self, seq: Sequence) -> bool:
+        """Another answer to a prompt that its leader (the first answer) is computing now waits until the prompt's
+        full blocks are in the prefix cache, then shares them. Only while the leader runs: a waiting or finished
+        leader holds nothing up. The sequences behind it wait too (first come, first served); the leader is ahead of
+        them all, so that is a step or a few of chunked prefill."""
+        leader = seq.leader
+        return (leader is not None and self.pool.enable_prefix_caching and leader.status is SequenceStatus.RUNNING
+                and leader.num_computed_tokens < leader.num_prompt_tokens)
 
     def _schedule(self, seq: Sequence, num_new: int) -> ScheduledSequence:
         self.pool.allocate(seq, seq.num_computed_tokens + num_new)

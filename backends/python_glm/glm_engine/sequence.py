@@ -43,6 +43,13 @@ class Sequence:
     cumulative_logprob: float = 0.0
     arrival_time: float = field(default_factory=time.monotonic)
     started: bool = False  # it has joined the running batch at least once (a preempted one waits again)
+    # Another answer to the same prompt, submitted just before this one: this one starts once the leader's prompt is
+    # in the prefix cache, so that it computes only the prompt's last, partial block (Scheduler.schedule).
+    leader: Sequence | None = field(default=None, repr=False)
+    # Figures for TensorRT-LLM's perf-metric outputs: blocks of the prompt found in the prefix cache when the
+    # sequence first started, and when that was (time.time_ns()).
+    num_cached_blocks: int = 0
+    first_scheduled_ns: int = 0
     # The sampler's draws; kept across preemption, so recomputing a sequence does not change what it samples.
     rng: random.Random = field(init=False, repr=False)
 

@@ -15,15 +15,18 @@ from glm_engine.tokenizer import GlmTokenizer
 
 from .common import CODE_IN_MESSAGE, InputError, check_prompt, cut_to_text_length, error_from_callee, \
     error_response, internal_error, optional_scalar, required_array, resolve_model_dir, text_of
-from .request_schema import INPUTS_BY_NAME
+from .request_params import sampling_parameters_json
+from .request_schema import INPUTS_BY_NAME, REQUEST_OUTPUTS
 
 log = logging.getLogger(__name__)
 
 # Every input but text_input and stream goes to glm, under its glm name (the ensemble's mapping), so what bls
 # accepts is what its config.pbtxt declares.
 NOT_FOR_GLM = ("text_input", "stream")
-# The glm outputs that bls returns as they are (from the last response) or joined (log-probs).
-PASSED_THROUGH = ("finish_reason", "num_input_tokens", "num_output_tokens", "cum_log_probs", "glm_version")
+# The glm outputs that bls returns as they are, from the last response (those glm sends: the perf metrics only when
+# asked for); text_output and output_log_probs it makes from all responses.
+PASSED_THROUGH = tuple(tensor.name for tensor in REQUEST_OUTPUTS if tensor.name not in ("text_output",
+                                                                                        "output_log_probs"))
 
 
 class Bls:
@@ -62,6 +65,9 @@ class Bls:
         check_prompt(texts[0])
         if optional_scalar(request, "stream", False, bool):
             raise InputError("the bls model answers in one response; stream through the 'ensemble' model")
+        if answers_asked(request) != 1:
+            raise InputError("the bls model gives one answer per request: for num_return_sequences (n) above 1, "
+                             "use the 'ensemble' model, whose responses carry sequence_index")
 
         prompt = np.array([self.tokenizer.encode(texts[0])], dtype=np.int32)
         inputs = [pb_utils.Tensor("input_ids", prompt),
@@ -86,7 +92,8 @@ class Bls:
             token_ids += pb_utils.get_output_tensor_by_name(response, "output_ids").as_numpy().reshape(-1).tolist()
             logprobs += pb_utils.get_output_tensor_by_name(response, "output_log_probs").as_numpy().reshape(-1).tolist()
             text_length = int(pb_utils.get_output_tensor_by_name(response, "text_length").as_numpy().reshape(-1)[0])
-            last = {name: pb_utils.get_output_tensor_by_name(response, name).as_numpy() for name in PASSED_THROUGH}
+            last = {name: tensor.as_numpy() for name in PASSED_THROUGH
+                    if (tensor := pb_utils.get_output_tensor_by_name(response, name)) is not None}
         # glm answers once (streaming is off), so its text_length, if any, counts over all of token_ids.
         text = self.tokenizer.decode(token_ids)
         text = np.array([[cut_to_text_length(text, text_length).encode("utf-8")]], dtype=np.object_)
@@ -97,3 +104,14 @@ class Bls:
 
     def finalize(self):
         self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def answers_asked(request) -> int:
+    """num_return_sequences, else sampling_parameters' n, else 1 (an unreadable value: glm names the problem)."""
+    value = optional_scalar(request, "num_return_sequences", None, int)
+    if value is None:
+        value = sampling_parameters_json(request).get("n", 1)
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError):
+        return 1

@@ -7,6 +7,7 @@ import itertools
 import logging
 import queue
 import threading
+import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -24,6 +25,10 @@ from .request_params import sampling_params
 from .versions import PINNED, TrafficReader, VersionError, read_version_spec
 
 log = logging.getLogger(__name__)
+
+# Switches of TensorRT-LLM's that ask for its perf-metric outputs (PerfMetrics).
+PERF_METRICS_SWITCHES = ("return_perf_metrics", "return_kv_cache_reuse_stats")
+ZERO_INT32 = np.zeros((1, 1), dtype=np.int32)
 
 
 class GlmEngineModel:
@@ -65,10 +70,16 @@ class GlmEngineModel:
                     self.forwarder.forward(request, sender, target, code_in_message)
                     continue
                 prompt, params, streaming, echo_prompt = self._parse(request)
-                processor = OutputProcessor(self.tokenizer, prompt, streaming, echo_prompt, params.stop)
-                stream = ResponseStream(sender, processor, self.metrics, outputs=set(request.requested_output_names()),
-                                        send=self.outbox.send, code_in_message=code_in_message, version=self.version)
-                self._submit(request.request_id(), prompt, params, stream)
+                perf_metrics = any(optional_scalar(request, name, False, bool) for name in PERF_METRICS_SWITCHES)
+                answers = OpenAnswers(params.n)
+                streams = [ResponseStream(sender, OutputProcessor(self.tokenizer, prompt, streaming, echo_prompt,
+                                                                  params.stop),
+                                          self.metrics, outputs=set(request.requested_output_names()),
+                                          send=self.outbox.send, code_in_message=code_in_message,
+                                          version=self.version, sequence_index=index, answers=answers,
+                                          perf_metrics=perf_metrics)
+                           for index in range(params.n)]
+                self._submit(request.request_id(), prompt, params.samples(), streams)
             except ValueError as exc:  # InputError, VersionError, or the engine's own checks
                 sender.send(error_response(str(exc), code_in_message=code_in_message),
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -80,10 +91,28 @@ class GlmEngineModel:
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
 
-    def _submit(self, client_id: str, prompt: list[int], params: SamplingParams, stream: ResponseStream) -> None:
-        engine_id = f"r{next(self._request_ids)}"
+    def _submit(self, client_id: str, prompt: list[int], samples: list[SamplingParams],
+                streams: list[ResponseStream]) -> None:
+        """Submit each answer of a request (one engine request each; the first leads the others, which share its
+        prompt's KV blocks). If the engine refuses one, those already submitted are aborted without a word: the
+        caller answers the request with the refusal."""
+        engine_ids = [f"r{next(self._request_ids)}" for _ in samples]
+        submitted = []
+        try:
+            for engine_id, params, stream in zip(engine_ids, samples, streams):
+                self._submit_one(client_id, engine_id, prompt, params, stream, leader_id=submitted[0] if submitted
+                                 else None)
+                submitted.append(engine_id)
+        except Exception:
+            streams[0].answers.abandon()
+            for engine_id in submitted:
+                self.engine_thread.abort(engine_id)
+            raise
+
+    def _submit_one(self, client_id: str, engine_id: str, prompt: list[int], params: SamplingParams,
+                    stream: ResponseStream, leader_id: str | None) -> None:
         if not client_id:
-            self.engine_thread.submit(engine_id, prompt, params, stream.on_output)
+            self.engine_thread.submit(engine_id, prompt, params, stream.on_output, leader_id)
             return
 
         def on_output(output: RequestOutput) -> bool:
@@ -95,7 +124,7 @@ class GlmEngineModel:
         with self._running_lock:
             self._running.setdefault(client_id, set()).add(engine_id)
         try:
-            self.engine_thread.submit(engine_id, prompt, params, on_output)
+            self.engine_thread.submit(engine_id, prompt, params, on_output, leader_id)
         except Exception:  # refused: it will never run
             self._forget(client_id, engine_id)
             raise
@@ -192,16 +221,38 @@ class ResponseOutbox:
                 log.exception("sending a response failed")
 
 
+class OpenAnswers:
+    """The answers of one request (num_return_sequences) that have not ended: Triton's final flag goes with the last
+    response of the last one to end."""
+
+    def __init__(self, count: int):
+        self._count = count
+        self._lock = threading.Lock()
+        self.abandoned = False  # the request was refused after some answers were submitted: they send nothing
+
+    def close_one(self) -> bool:
+        """One answer has ended; True if it was the last."""
+        with self._lock:
+            self._count -= 1
+            return self._count == 0
+
+    def abandon(self) -> None:
+        self.abandoned = True
+
+
 class ResponseStream:
-    """One request's responses, on Triton: the engine's outputs go through the request's OutputProcessor, and what
-    it says to send is turned into tensors and sent (through a ResponseOutbox); latencies go to the metrics."""
+    """The responses of one answer to a request, on Triton: the engine's outputs go through the answer's
+    OutputProcessor, and what it says to send is turned into tensors and sent (through a ResponseOutbox); latencies
+    go to the metrics."""
 
     def __init__(self, sender, processor: OutputProcessor, metrics: EngineMetrics | None = None,
-                 outputs: set[str] | None = None, send=send_now, code_in_message: bool = False, version: int = 1):
+                 outputs: set[str] | None = None, send=send_now, code_in_message: bool = False, version: int = 1,
+                 sequence_index: int = 0, answers: OpenAnswers | None = None, perf_metrics: bool = False):
         """`outputs`: the output names the client asked for (Triton asks for all when the client names none); only
         those are sent. Each tensor costs a copy through shared memory and gRPC or JSON encoding, every token.
         `code_in_message`: the request came through BLS (see common.CODE_IN_MESSAGE). `version`: glm's version, sent as
-        the output glm_version."""
+        the output glm_version. `sequence_index`: which answer of the request this is, of `answers`.
+        `perf_metrics`: send TensorRT-LLM's KV-cache and timing outputs."""
         self.sender = sender
         self.code_in_message = code_in_message
         self.processor = processor
@@ -209,20 +260,29 @@ class ResponseStream:
         self.outputs = outputs
         self.send = send  # send(sender, response or None, flags): at once, or through a ResponseOutbox
         self.version = np.array([[version]], dtype=np.int32)
+        self.sequence_index = np.array([[sequence_index]], dtype=np.int32)
+        self.answers = answers or OpenAnswers(1)
+        self.perf = PerfMetrics() if perf_metrics else None
 
     def on_output(self, output: RequestOutput) -> bool:
         """Called on the engine thread; returning False asks the engine to abort the request."""
+        if self.answers.abandoned:
+            return False
         update = self.processor.process(output, client_gone=self.sender.is_cancelled)
         if self.metrics is not None:
             self.metrics.record(update.latencies, update.finish_reason)
-        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        if self.perf is not None:
+            self.perf.update(output)
+        ends = update.error is not None or update.close or (update.response is not None and update.response.final)
+        flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if ends and self.answers.close_one() else 0
         if update.error is not None:
             code = "UNAVAILABLE" if update.unavailable else "INTERNAL"
-            self.send(self.sender, error_response(update.error, code, self.code_in_message), final)
+            self.send(self.sender, error_response(update.error, code, self.code_in_message), flags)
         elif update.close:
-            self.send(self.sender, None, final)
+            if flags:  # nobody listens: only the request's final flag is still owed
+                self.send(self.sender, None, flags)
         elif update.response is not None:
-            self.send(self.sender, self._triton_response(update.response), final if update.response.final else 0)
+            self.send(self.sender, self._triton_response(update.response), flags)
         return not update.abort
 
     def _triton_response(self, response: Response):
@@ -238,12 +298,53 @@ class ResponseStream:
             "output_log_probs": np.array(response.logprobs, dtype=np.float32).reshape(1, 1, -1),
             "cum_log_probs": np.array([[response.cum_logprob]], dtype=np.float32),
             "glm_version": self.version,
+            "sequence_index": self.sequence_index,
+            "batch_index": ZERO_INT32,
+            **(self.perf.outputs() if self.perf is not None else {}),
         }
         if self.outputs is None or "text_output" in self.outputs:
             # Each response's ids decode to whole characters (the output processor's chunking), so its text is
             # postprocessing's, made here: the ensemble has no step after this one (see its config.pbtxt).
             text = cut_to_text_length(self.processor.tokenizer.decode(token_ids), text_length)
-            values["text_output"] = np.array([[text.encode("utf-8")]], dtype=np.object_)
+            # Shape [1], not [1, 1]: TensorRT-LLM's and vllm_backend's clients read `text_output[0]` as the text.
+            values["text_output"] = np.array([text.encode("utf-8")], dtype=np.object_)
         return pb_utils.InferenceResponse(output_tensors=[
             pb_utils.Tensor(name, value) for name, value in values.items()
             if self.outputs is None or name in self.outputs])
+
+
+class PerfMetrics:
+    """TensorRT-LLM's per-request figures (return_perf_metrics), as one answer's responses report them."""
+
+    def __init__(self):
+        self.arrival_ns = time.time_ns()
+        self.first_token_ns = self.last_token_ns = 0
+        self.first_scheduled_ns = self.reused_blocks = self.most_blocks = 0
+
+    def update(self, output: RequestOutput) -> None:
+        self.first_scheduled_ns = output.first_scheduled_ns
+        self.reused_blocks = output.num_cached_blocks
+        self.most_blocks = max(self.most_blocks, output.num_blocks)
+        if output.new_token_ids:
+            self.last_token_ns = time.time_ns()
+            self.first_token_ns = self.first_token_ns or self.last_token_ns
+
+    def outputs(self) -> dict[str, np.ndarray]:
+        def int32(value):
+            return np.array([[value]], dtype=np.int32)
+
+        def int64(value):
+            return np.array([[value]], dtype=np.int64)
+
+        return {
+            "kv_cache_alloc_new_blocks": int32(max(0, self.most_blocks - self.reused_blocks)),
+            "kv_cache_reused_blocks": int32(self.reused_blocks),
+            "kv_cache_alloc_total_blocks": int32(self.most_blocks),
+            "arrival_time_ns": int64(self.arrival_ns),
+            "first_scheduled_time_ns": int64(self.first_scheduled_ns),
+            "first_token_time_ns": int64(self.first_token_ns),
+            "last_token_time_ns": int64(self.last_token_ns),
+            "acceptance_rate": np.zeros((1, 1), dtype=np.float32),
+            "total_accepted_draft_tokens": ZERO_INT32,
+            "total_draft_tokens": ZERO_INT32,
+        }

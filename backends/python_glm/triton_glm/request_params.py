@@ -23,6 +23,8 @@ JSON_KEYS = sorted({tensor.json_key for tensor in REQUEST_INPUTS if tensor.json_
 # The longest sampling_parameters JSON read: room for every key, with the most and longest stop and bad words
 # written as \\u escapes.
 MAX_JSON_CHARS = 262144
+# TensorRT-LLM's inputs for what this engine does not do, accepted with values that change nothing.
+COMPATIBILITY_INPUTS = [tensor for tensor in REQUEST_INPUTS if tensor.accepts is not None]
 # Tensor switches that turn on log-probabilities (ours, and vllm_backend's two).
 LOGPROB_SWITCHES = ("return_log_probs", "return_logprobs", "return_cumulative_logprob")
 
@@ -75,10 +77,19 @@ def word_list(request, from_json: dict, name: str) -> list[str]:
     return words
 
 
+def check_compatibility_inputs(request) -> None:
+    """Refuse a value of COMPATIBILITY_INPUTS that would ask for something this engine does not do."""
+    for tensor in COMPATIBILITY_INPUTS:
+        value = pb_utils.get_input_tensor_by_name(request, tensor.glm_input)
+        if value is not None and not tensor.accepts(value.as_numpy()):
+            raise InputError(f"input '{tensor.name}' {tensor.rule} ({tensor.meaning})")
+
+
 def sampling_params(request, default_max_tokens: int, tokenizer=None) -> SamplingParams:
     """The request's SamplingParams. Bad words are tokenized with `tokenizer`, with and without a leading space, as
     a word may be tokenized either way. Raises InputError naming the input (or JSON key) whose value cannot be
     read; the ranges of the values are checked later, by the engine."""
+    check_compatibility_inputs(request)
     from_json = sampling_parameters_json(request)
 
     def json_value(key, cast):
@@ -92,11 +103,11 @@ def sampling_params(request, default_max_tokens: int, tokenizer=None) -> Samplin
         if tensor.json_key in from_json:
             values[tensor.setting] = json_value(tensor.json_key, _json_cast(tensor))
         tensor_value = optional_scalar(request, tensor.glm_input, None, TENSOR_CASTS[tensor.datatype])
+        if tensor.name == "top_p" and tensor_value == 0:
+            tensor_value = 1.0  # TensorRT-LLM's clients send 0 for no nucleus filter
         if tensor_value is not None:
             values[tensor.setting] = tensor_value
 
-    if "n" in from_json and json_value("n", int) != 1:
-        raise InputError("sampling_parameters: only n = 1 is supported")
     stop_token_ids = None
     if "stop_token_ids" in from_json:
         stop_token_ids = tuple(json_value("stop_token_ids", lambda ids: [int(i) for i in ids]))

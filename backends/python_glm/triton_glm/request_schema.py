@@ -14,7 +14,9 @@ Plain Python: importable without Triton.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
+from typing import Callable
 
 from glm_engine.sampling_params import RULES, SamplingParams
 
@@ -36,6 +38,9 @@ class Tensor:
     rule: str = ""  # in words, likewise
     glm_name: str | None = None  # its name on the glm model, where that differs
     json_key: str | None = None  # its key in vllm_backend's sampling_parameters JSON
+    # For an input of TensorRT-LLM's that asks for something this engine does not do: whether a value (a numpy array)
+    # changes nothing and is accepted; any other is refused with `rule`.
+    accepts: Callable | None = None
 
     @property
     def glm_input(self) -> str:
@@ -57,6 +62,21 @@ def _switch(name: str, meaning: str) -> Tensor:
     return Tensor(name, "BOOL", meaning, default="false")
 
 
+def _unsupported(name: str, datatype: str, feature: str, dims: tuple[int, ...] = (1,), default: str = "none",
+                 rule: str = "must be empty", accepts: Callable = lambda value: value.size == 0) -> Tensor:
+    """An input of TensorRT-LLM's for `feature`, which this engine does not have: its default is accepted (clients
+    send it), anything else refused."""
+    return Tensor(name, datatype, f"{feature} is not supported", dims=dims, default=default, rule=rule, accepts=accepts)
+
+
+def _all(test: Callable) -> Callable:
+    return lambda value: all(test(v) for v in value.reshape(-1))
+
+
+def _no_text(value) -> bool:
+    return all(not (v.strip() if isinstance(v, (bytes, str)) else v) for v in value.reshape(-1))
+
+
 # The inputs of the ensemble and bls, in the order of their config.pbtxt. Only text_input is required.
 REQUEST_INPUTS = (
     Tensor("text_input", "STRING", "the prompt", default="required", rule="not blank"),
@@ -70,7 +90,8 @@ REQUEST_INPUTS = (
            json_key="temperature"),
     Tensor("top_k", "INT32", "0 turns it off; 1 is greedy (in the JSON, -1 turns it off too)", setting="top_k",
            glm_name="runtime_top_k", json_key="top_k"),
-    Tensor("top_p", "FP32", "1 turns it off", setting="top_p", glm_name="runtime_top_p", json_key="top_p"),
+    Tensor("top_p", "FP32", "1 turns it off (so does 0 in the tensor, as in TensorRT-LLM)", setting="top_p",
+           glm_name="runtime_top_p", json_key="top_p"),
     Tensor("seed", "UINT64", "the same seed and prompt give the same text, whatever else is in the batch; the "
            "random draws do not depend on the device", setting="seed", default="drawn per request",
            json_key="seed"),
@@ -102,13 +123,46 @@ REQUEST_INPUTS = (
     _switch("return_num_input_tokens", "vllm_backend's switch: accepted; `num_input_tokens` is always present"),
     _switch("return_num_output_tokens", "vllm_backend's switch: accepted; `num_output_tokens` is always present"),
     Tensor("pad_id", "INT32", "accepted for TensorRT-LLM clients; outputs are never padded", default="none"),
+    Tensor("num_return_sequences", "INT32", "answers to the prompt, each with its `sequence_index`, sharing the "
+           "prompt's KV blocks; the ensemble sends each answer's responses (bls: only 1)", setting="n",
+           json_key="n"),
+    Tensor("min_length", "INT32", "TensorRT-LLM's older name for `min_tokens`", setting="min_tokens"),
+    Tensor("random_seed", "UINT64", "TensorRT-LLM's older name for `seed`", setting="seed"),
+    _switch("return_perf_metrics", "fill the KV-cache and timing outputs (`kv_cache_*`, `*_time_ns`)"),
+    _switch("return_kv_cache_reuse_stats", "TensorRT-LLM's older switch: fill the `kv_cache_*` outputs"),
+    # TensorRT-LLM's inputs for what this engine does not do; its clients send some of them with values that change
+    # nothing.
+    _unsupported("beam_width", "INT32", "beam search", default="1", rule="must be 1",
+                 accepts=_all(lambda v: v == 1)),
+    Tensor("length_penalty", "FP32", "beam search only: changes nothing here", default="1", rule="must be finite",
+           accepts=_all(math.isfinite)),
+    _switch("early_stopping", "beam search only: changes nothing here"),
+    _unsupported("return_context_logits", "BOOL", "the prompt's logits", default="false", rule="must be false",
+                 accepts=_all(lambda v: not v)),
+    _unsupported("return_generation_logits", "BOOL", "the logits of each new token (ask for log-probs instead)",
+                 default="false", rule="must be false", accepts=_all(lambda v: not v)),
+    _unsupported("num_draft_tokens", "INT32", "speculative decoding", default="0", rule="must be 0",
+                 accepts=_all(lambda v: v == 0)),
+    _unsupported("use_draft_logits", "BOOL", "speculative decoding", default="false", rule="must be false",
+                 accepts=_all(lambda v: not v)),
+    _unsupported("embedding_bias_words", "STRING", "a bias on words' logits", dims=(-1,), accepts=_no_text),
+    _unsupported("embedding_bias_weights", "FP32", "a bias on words' logits", dims=(-1,)),
+    _unsupported("prompt_embedding_table", "FP16", "prompt tuning", dims=(-1, -1)),
+    _unsupported("prompt_table_extra_id", "UINT64", "prompt tuning", rule="must be 0",
+                 accepts=_all(lambda v: v == 0)),
+    _unsupported("prompt_vocab_size", "INT32", "prompt tuning", rule="must be 0", accepts=_all(lambda v: v == 0)),
+    _unsupported("lora_task_id", "UINT64", "LoRA adapters", rule="must be 0", accepts=_all(lambda v: v == 0)),
+    _unsupported("lora_weights", "FP16", "LoRA adapters", dims=(-1, -1)),
+    _unsupported("lora_config", "INT32", "LoRA adapters", dims=(-1, 3)),
+    _unsupported("guided_decoding_guide_type", "STRING", "guided decoding", rule="must be empty", accepts=_no_text),
+    _unsupported("guided_decoding_guide", "STRING", "guided decoding", rule="must be empty", accepts=_no_text),
+    _unsupported("decoder_text_input", "STRING", "encoder-decoder models", rule="must be empty", accepts=_no_text),
 )
 
 # Keys of sampling_parameters that no tensor input has.
 JSON_ONLY_KEYS = {
     "stop_token_ids": "a list of token ids that end the answer, in place of the checkpoint's eos ids",
     "logprobs": "above 0 turns log-probs on",
-    "n": "answers per prompt: must be 1",
 }
 
 # The glm model's own inputs, besides those it shares with the ensemble (under their glm names).
@@ -130,6 +184,23 @@ REQUEST_OUTPUTS = (
            "penalties, before temperature and filters); empty otherwise", dims=(-1, -1)),
     Tensor("cum_log_probs", "FP32", "with log-probs on, their sum; 0 otherwise", dims=(-1,)),
     Tensor("glm_version", "INT32", "the version of the `glm` model that produced the response (docs/versions.md)"),
+    Tensor("sequence_index", "INT32", "which of the `num_return_sequences` answers the response belongs to (from 0)"),
+    Tensor("batch_index", "INT32", "which prompt of the request the response answers: always 0 (one prompt per "
+           "request)"),
+    # With return_perf_metrics (the kv_cache_* ones with return_kv_cache_reuse_stats too): TensorRT-LLM's figures.
+    Tensor("kv_cache_alloc_new_blocks", "INT32", "KV blocks the request computed (not found in the prefix cache)"),
+    Tensor("kv_cache_reused_blocks", "INT32", "KV blocks of the prompt found in the prefix cache"),
+    Tensor("kv_cache_alloc_total_blocks", "INT32", "KV blocks the request held at most"),
+    Tensor("arrival_time_ns", "INT64", "when glm received the request (Unix time, ns)"),
+    Tensor("first_scheduled_time_ns", "INT64", "when it first joined the running batch"),
+    Tensor("first_token_time_ns", "INT64", "when its first token was generated"),
+    Tensor("last_token_time_ns", "INT64", "when its latest token was generated"),
+    Tensor("acceptance_rate", "FP32", "speculative decoding's: always 0"),
+    Tensor("total_accepted_draft_tokens", "INT32", "speculative decoding's: always 0"),
+    Tensor("total_draft_tokens", "INT32", "speculative decoding's: always 0"),
+    # Declared so that TensorRT-LLM's clients can name them; never sent, as their switches must be false.
+    Tensor("context_logits", "FP32", "never sent (`return_context_logits` must be false)", dims=(-1, -1)),
+    Tensor("generation_logits", "FP32", "never sent (`return_generation_logits` must be false)", dims=(-1, -1, -1)),
 )
 
 # The glm model sends the text (the ensemble's), its token ids (postprocessing decodes them the same way), and the
