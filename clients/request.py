@@ -3,7 +3,7 @@ Triton types, and what comes back. Shared by the HTTP and gRPC clients so both s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -105,6 +105,7 @@ class Piece:
     cum_log_prob: float | None = None
     glm_version: int | None = None
     sequence_index: int = 0  # which answer (of num_return_sequences) the piece belongs to
+    log_probs: list[float] = field(default_factory=list)  # of the piece's tokens, with return_log_probs
 
     @classmethod
     def from_outputs(cls, get) -> "Piece":
@@ -123,4 +124,6 @@ class Piece:
                    num_output_tokens=int(scalar("num_output_tokens") or 0),
                    cum_log_prob=None if cum is None else float(cum),
                    glm_version=None if version is None else int(version),
-                   sequence_index=0 if index is None else int(index))
+                   sequence_index=0 if index is None else int(index),
+                   log_probs=[] if get("output_log_probs") is None else
+                   np.asarray(get("output_log_probs"), dtype=np.float32).reshape(-1).tolist())

@@ -22,9 +22,10 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 from clients.chat import GLM4_CHAT_TEMPLATE
+from glm_tools.launcher import DEMO_CHECKPOINT
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_OUT = os.path.join(os.path.dirname(HERE), "checkpoints", "glm-demo")
+DEFAULT_OUT = DEMO_CHECKPOINT
 SPECIAL_TOKENS = ["<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>",
                   "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"]
 # Small enough to run quickly on two CPU cores, shaped like GLM-4 (grouped-query attention, partial rotary).

@@ -36,6 +36,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # kernels in Triton's interpreter, and a server started from a test or a benchmark must compile them.
 PROCESS_ONLY_ENV = ("TRITON_INTERPRET",)
 MODEL_REPOSITORY = os.path.join(REPO, "model_repository")
+DEMO_CHECKPOINT = os.path.join(REPO, "checkpoints", "glm-demo")
 BACKEND_SOURCE = os.path.join(REPO, "backends", "python_glm")
 BUILD_BACKENDS = os.path.join(REPO, ".build", "backends")
 # How long Triton waits on SIGTERM, for idle HTTP connections to close and then for requests in flight, before it
@@ -159,6 +160,18 @@ def allocator_library(allocator: str) -> str | None:
         return None
     raise FileNotFoundError(f"{ALLOCATORS[allocator]} not found in {', '.join(LIBRARY_DIRS)}: install Debian's "
                             f"{'libjemalloc2' if allocator == 'jemalloc' else 'libtcmalloc-minimal4'}")
+
+
+def start_openai_front(grpc_url: str, port: int, host: str = "127.0.0.1", model_dir: str | None = None,
+                       api_key: str | None = None) -> subprocess.Popen:
+    """The OpenAI-compatible front (openai_front/) in front of the Triton server at grpc_url, as a child process that
+    ends with this one. model_dir: the served checkpoint, for its chat template (default: the demo's)."""
+    command = [sys.executable, "-m", "openai_front", "--triton", grpc_url, "--host", host, "--port", str(port),
+               "--model-dir", model_dir or DEMO_CHECKPOINT]
+    env = {**os.environ, "PYTHONPATH": REPO}
+    if api_key:
+        env["GLM_OPENAI_API_KEY"] = api_key
+    return subprocess.Popen(command, cwd=REPO, env=env, preexec_fn=stop_with_parent)
 
 
 def free_port() -> int:

@@ -25,7 +25,7 @@ import time
 from typing import Callable
 
 from .launcher import (ADMIN_KEY_ENV, ALLOCATORS, DRAIN_GRACE_S, MODEL_REPOSITORY, TritonServer, allocator_library,
-                       remove_stale_shm_regions)
+                       remove_stale_shm_regions, start_openai_front)
 
 
 def say(message: str, error: bool = False) -> None:
@@ -128,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
                              "(default %(default)s)")
     parser.add_argument("--host", default=os.environ.get("GLM_HOST", "127.0.0.1"),
                         help="address to listen on; 0.0.0.0 for every interface (default %(default)s)")
+    parser.add_argument("--openai-port", type=int, default=int(os.environ.get("OPENAI_PORT", 9000)),
+                        help="port of the OpenAI-compatible API (openai_front/; API key from GLM_OPENAI_API_KEY); "
+                             "0 turns it off (default %(default)s)")
     parser.add_argument("--max-restarts", type=int, default=5,
                         help="give up (exit 1) after more restarts than this within 10 minutes (default %(default)s)")
     args = parser.parse_args(argv)
@@ -162,18 +165,26 @@ def main(argv: list[str] | None = None) -> int:
         if restarts:
             say(f"ready again in {seconds:.0f}s (restart {restarts})")
             return
+        openai_hint = (f"\n  OpenAI API: http://localhost:{args.openai_port}/v1 (model 'glm'), e.g. with the openai "
+                       "package's OpenAI(base_url=...)." if args.openai_port else "")
         say(f"""ready in {seconds:.0f}s. Try:
   curl -s -X POST localhost:{args.http_port}/v2/models/ensemble/generate \\
        -d '{{"text_input": "Hello, GLM", "max_tokens": 32}}'
   curl -s -N -X POST localhost:{args.http_port}/v2/models/ensemble/generate_stream \\
        -d '{{"text_input": "Hello, GLM", "max_tokens": 32, "stream": true}}'
-  gRPC on localhost:{args.grpc_port}, Prometheus metrics on localhost:{args.metrics_port}/metrics.
+  gRPC on localhost:{args.grpc_port}, Prometheus metrics on localhost:{args.metrics_port}/metrics.{openai_hint}
 [serve] Ctrl-C stops the server.""")
 
     say(f"starting tritonserver (HTTP {args.http_port}, gRPC {args.grpc_port}, metrics {args.metrics_port})...")
+    front = None
+    if args.openai_port:
+        say(f"OpenAI-compatible API on {args.host}:{args.openai_port}/v1 (--openai-port 0 turns it off)")
+        front = start_openai_front(f"127.0.0.1:{args.grpc_port}", args.openai_port, args.host, args.model_dir)
     try:
         return supervisor.run(stop, on_ready)
     finally:
+        if front is not None:
+            front.terminate()
         if supervisor.server is not None:  # an exception above: leave nothing running
             supervisor.server.kill()
 

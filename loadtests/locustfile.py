@@ -6,12 +6,14 @@ tokens of a request are its entry's "content size", so Locust's CSV carries them
     python loadtests/run.py --help      # headless runs, summaries and plots
 
 User classes: HttpGenerateUser (generate, the whole answer), HttpStreamUser (generate_stream, server-sent
-events), GrpcStreamUser (gRPC bidirectional streaming through tritonclient.grpc).
+events), GrpcStreamUser (gRPC bidirectional streaming through tritonclient.grpc), OpenAiChatUser (the OpenAI front's
+streaming /v1/chat/completions, at --openai-url).
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import time
 
 import grpc.experimental.gevent
@@ -32,6 +34,8 @@ _user_numbers = itertools.count()
 @events.init_command_line_parser.add_listener
 def _options(parser):
     parser.add_argument("--grpc-url", default="localhost:8001", help="gRPC address for GrpcStreamUser")
+    parser.add_argument("--openai-url", default="http://localhost:9000", help="the OpenAI front, for OpenAiChatUser")
+    parser.add_argument("--openai-api-key", default="", help="its API key, if it wants one")
     parser.add_argument("--prompt-words", default="16-512", help="prompt length range, in words (about tokens)")
     parser.add_argument("--output-tokens", default="16-256", help="max_tokens range")
     parser.add_argument("--scenario", default="mixed", choices=("mixed", "shared-prefix"))
@@ -164,3 +168,44 @@ class GrpcStreamUser(GlmUser):
         self.record("gRPC", "grpc_stream", started, output_tokens, error)
         if error is None:
             self.record_timings("gRPC", "grpc_stream", started, token_times)
+
+
+class OpenAiChatUser(GlmUser):
+    """The OpenAI front (openai_front/): streaming chat completions, one user message per request, read as
+    server-sent events with requests (as HttpStreamUser reads Triton's)."""
+
+    def on_start(self):
+        super().on_start()
+        options = self.environment.parsed_options
+        self.http = requests.Session()
+        if options.openai_api_key:
+            self.http.headers["Authorization"] = f"Bearer {options.openai_api_key}"
+        self.url = options.openai_url.rstrip("/") + "/v1/chat/completions"
+
+    @task
+    def chat_stream(self):
+        request = self.mix.next()
+        started, token_times, output_tokens, error = time.perf_counter(), [], 0, None
+        # OpenAI's default temperature is 1; the other users get the server's (greedy) unless told otherwise.
+        body = {"model": "glm", "messages": [{"role": "user", "content": request.prompt}], "stream": True,
+                "max_tokens": request.max_tokens, "stream_options": {"include_usage": True},
+                "temperature": self.sampling.get("temperature", 0.0), **self.sampling}
+        try:
+            with self.http.post(self.url, json=body, stream=True, timeout=600) as response:
+                if response.status_code != 200:
+                    raise RuntimeError(f"HTTP {response.status_code}: {response.text[:200]}")
+                for line in response.iter_lines(decode_unicode=True):
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[len("data: "):])
+                    if "error" in chunk:
+                        raise RuntimeError(chunk["error"]["message"])
+                    if any(choice["delta"].get("content") for choice in chunk["choices"]):
+                        token_times.append(time.perf_counter())
+                    if chunk.get("usage"):
+                        output_tokens = chunk["usage"]["completion_tokens"]
+        except Exception as exc:  # recorded as a Locust failure, with its message
+            error = exc
+        self.record("OpenAI", "chat_stream", started, output_tokens, error)
+        if error is None:
+            self.record_timings("OpenAI", "chat_stream", started, token_times)

@@ -15,7 +15,7 @@ WORDS = ("the model reads a prompt and writes an answer one token at a time whil
          "together and streams text back as soon as it is ready").split()
 # The Locust entries that are whole requests (their content size is the output tokens); "<name> TTFT" and
 # "<name> ITL" hold the timings within them.
-REQUEST_NAMES = ("generate", "generate_stream", "grpc_stream")
+REQUEST_NAMES = ("generate", "generate_stream", "grpc_stream", "chat_stream")
 # A request the server refused as overloaded is its own entry, "<name> overloaded": not a failure, and not in the
 # latency figures of the requests it served.
 OVERLOADED = " overloaded"

@@ -25,7 +25,7 @@ from loadtests.prompts import OVERLOADED, REQUEST_NAMES
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-USER_CLASSES = ("HttpGenerateUser", "HttpStreamUser", "GrpcStreamUser")
+USER_CLASSES = ("HttpGenerateUser", "HttpStreamUser", "GrpcStreamUser", "OpenAiChatUser")
 EXIT_GRACE_S = 30
 PERCENTILES = {"p50": "50%", "p95": "95%", "p99": "99%"}
 
@@ -40,7 +40,8 @@ def is_loopback(host: str) -> bool:
 def locust_run(args: argparse.Namespace, users: int, prefix: str) -> float:
     """One headless Locust run; returns its wall time."""
     command = [sys.executable, "-m", "locust", "-f", os.path.join(HERE, "locustfile.py"), "--headless",
-               "--host", args.host, "--grpc-url", args.grpc_url, "-u", str(users),
+               "--host", args.host, "--grpc-url", args.grpc_url, "--openai-url", args.openai_url,
+               "--openai-api-key", args.openai_api_key, "-u", str(users),
                "-r", str(args.spawn_rate or users), "-t", args.run_time, "--stop-timeout", str(args.stop_timeout),
                "--csv", prefix, "--html", prefix + ".html", "--only-summary", "--loglevel", "WARNING",
                "--prompt-words", args.prompt_words, "--output-tokens", args.output_tokens,
@@ -156,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="http://localhost:8000", help="the server's HTTP address")
     parser.add_argument("--grpc-url", default="localhost:8001", help="the server's gRPC address")
+    parser.add_argument("--openai-url", default="http://localhost:9000", help="the OpenAI front, for OpenAiChatUser")
+    parser.add_argument("--openai-api-key", default=os.environ.get("GLM_OPENAI_API_KEY", ""),
+                        help="its API key (default: GLM_OPENAI_API_KEY)")
     parser.add_argument("--users", default="1,8,32", help="comma-separated numbers of concurrent users")
     parser.add_argument("--spawn-rate", type=float, default=0, help="users started per second (default: all at once)")
     parser.add_argument("--run-time", default="60s", help="length of each run (Locust syntax: 30s, 2m)")
@@ -175,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allow-remote", action="store_true", help="allow a server that is not on this machine")
     args = parser.parse_args(argv)
 
-    hosts = [urlparse(args.host).hostname or "", args.grpc_url.rsplit(":", 1)[0]]
+    hosts = [urlparse(args.host).hostname or "", args.grpc_url.rsplit(":", 1)[0], urlparse(args.openai_url).hostname or ""]
     if not args.allow_remote and not all(is_loopback(h) for h in hosts):
         parser.error(f"{args.host} / {args.grpc_url} is not this machine; load tests stay on loopback unless "
                      "--allow-remote")

@@ -12,7 +12,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
 from support.checkpoints import make_tiny_checkpoint  # noqa: E402
-from support.server import running_server  # noqa: E402
+from support.server import running_openai_front, running_server  # noqa: E402
 
 from glm_tools.demo_model import build_demo_model  # noqa: E402
 
@@ -33,3 +33,10 @@ def triton_server(demo_model_dir, tmp_path_factory):
     """The real tritonserver on free ports, serving the demo checkpoint, for the whole session."""
     with running_server(demo_model_dir, str(tmp_path_factory.mktemp("triton"))) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def openai_front(triton_server, demo_model_dir):
+    """The OpenAI-compatible front in front of triton_server (its key: support.server.OPENAI_API_KEY)."""
+    with running_openai_front(triton_server, demo_model_dir) as url:
+        yield url

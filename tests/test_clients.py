@@ -150,7 +150,7 @@ def test_chat_uses_the_checkpoints_template_with_one_glm_prefix(triton_server, d
     template = ChatTemplate.from_checkpoint(demo_model_dir)
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "你好"}]
     prompt = template.render(messages)
-    assert prompt == "[gMASK]<sop><|system|>\nBe brief.<|user|>\n你好<|assistant|>\n"
+    assert prompt == "[gMASK]<sop><|system|>\nBe brief.<|user|>\n你好<|assistant|>"
     from glm_engine.tokenizer import GlmTokenizer
 
     expected_tokens = len(GlmTokenizer(demo_model_dir).encode(prompt, add_special_tokens=False))

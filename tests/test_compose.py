@@ -91,14 +91,29 @@ def test_the_launcher_gets_sigterm_and_time_to_drain_and_compose_restarts_it(ser
 
 
 def test_every_other_service_is_in_a_profile_and_mounts_existing_paths(services):
-    assert set(services) == {"tritonserver", "locust-master", "locust-worker", "prometheus", "grafana"}
+    assert set(services) == {"tritonserver", "openai", "locust-master", "locust-worker", "prometheus", "grafana"}
     for name, definition in services.items():
-        if name != "tritonserver":  # `docker compose up` alone starts only the server
+        if name not in ("tritonserver", "openai"):  # `docker compose up` alone starts the server and its OpenAI API
             assert definition["profiles"] in (["loadtest"], ["monitoring"]), name
         for volume in definition.get("volumes", []):
             source = split_volume(volume)[0]
             if not source.startswith("${"):
                 assert os.path.exists(os.path.join(REPO, source)), (name, source)
+
+
+def test_the_openai_front_is_a_service_of_its_own_in_front_of_the_server(services, service):
+    front = services["openai"]
+    command = " ".join(front["command"].split())
+    assert "pip install --quiet -r /app/clients/requirements.txt" in command
+    assert "exec python -m openai_front --triton tritonserver:8001 --model-dir /models/glm --host 0.0.0.0" in command
+    mounts = dict(reversed(split_volume(v)) for v in front["volumes"])
+    assert mounts["/app/openai_front"] == "./openai_front" and mounts["/app/clients"] == "./clients"
+    # The same checkpoint as the server's, for the chat template.
+    assert split_volume(next(v for v in service["volumes"] if v.endswith(":/models/glm:ro")))[0] == \
+        mounts["/models/glm"]
+    assert [port.rsplit(":", 1)[1] for port in front["ports"]] == ["9000"]
+    assert front["depends_on"]["tritonserver"]["condition"] == "service_healthy"
+    assert "--openai-port 0" in service["command"]  # the launcher's own front is off: one front, this one
 
 
 def test_locust_runs_the_repositorys_locustfile_against_the_server(services):

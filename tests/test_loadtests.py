@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from support import REPO
+from support.server import OPENAI_API_KEY
 
 from loadtests.prompts import SYSTEM_PROMPT, RequestMix, parse_range
 from loadtests.run import duration_s
@@ -30,30 +31,32 @@ def test_the_request_mix_is_seeded_and_keeps_to_its_ranges():
         parse_range("64-16")
 
 
-def test_a_short_headless_run_of_every_user_class(triton_server, tmp_path):
-    """Bounded by requests (24), with a run time (60 s) it must not reach; sampling as GLM-4 does."""
+def test_a_short_headless_run_of_every_user_class(triton_server, openai_front, tmp_path):
+    """Bounded by requests (24), with a run time (60 s) it must not reach; sampling as GLM-4 does. One user of each
+    class."""
     out = tmp_path / "results"
     completed = subprocess.run(
         [sys.executable, os.path.join(REPO, "loadtests", "run.py"), "--host", f"http://{triton_server.http_url}",
-         "--grpc-url", triton_server.grpc_url, "--users", "3", "--run-time", "60s", "--max-requests", "24", "--prompt-words", "16-48",
+         "--grpc-url", triton_server.grpc_url, "--openai-url", openai_front, "--openai-api-key", OPENAI_API_KEY,
+         "--users", "4", "--run-time", "60s", "--max-requests", "24", "--prompt-words", "16-48",
          "--output-tokens", "8-24", "--temperature", "0.8", "--top-p", "0.8",
-         "--user-class", "HttpGenerateUser", "HttpStreamUser", "GrpcStreamUser",
+         "--user-class", "HttpGenerateUser", "HttpStreamUser", "GrpcStreamUser", "OpenAiChatUser",
          "--label", "smoke", "--out", str(out)],
         capture_output=True, text=True, timeout=180)
     assert completed.returncode == 0, completed.stdout + completed.stderr
     summary = json.loads((out / "summary.json").read_text())
     run, = summary["runs"]
     # --max-requests ended the run long before --run-time (which would have given well over 100 requests).
-    assert run["users"] == 3 and run["failures"] == 0 and 3 < run["requests"] <= 24 + 3
+    assert run["users"] == 4 and run["failures"] == 0 and 4 < run["requests"] <= 24 + 4
     assert run["requests_per_s"] > 0 and run["output_tokens_per_s"] > 0
     for key in ("latency_ms", "ttft_ms", "itl_ms"):
         assert 0 < run[key]["p50"] <= run[key]["p95"] <= run[key]["p99"], (key, run[key])
     # Each user class recorded its requests, and the streaming ones their TTFT and ITL, as separate entries.
     for name in ("generate", "generate_stream", "generate_stream TTFT", "generate_stream ITL", "grpc_stream",
-                 "grpc_stream TTFT", "grpc_stream ITL"):
+                 "grpc_stream TTFT", "grpc_stream ITL", "chat_stream", "chat_stream TTFT", "chat_stream ITL"):
         assert run["entries"][name]["requests"] > 0 and run["entries"][name]["failures"] == 0, name
     for suffix in ("_stats.csv", ".html"):
-        assert (out / f"smoke-u3{suffix}").stat().st_size > 0
+        assert (out / f"smoke-u4{suffix}").stat().st_size > 0
     assert (out / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

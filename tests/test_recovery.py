@@ -149,15 +149,23 @@ def server_pid_of(launcher_pid: int) -> int | None:
     return None
 
 
+def openai_health(port: int) -> int:
+    try:
+        return requests.get(f"http://localhost:{port}/health", timeout=5).status_code
+    except requests.ConnectionError:
+        return 0
+
+
 @pytest.mark.integration
 def test_a_killed_model_process_is_seen_at_once_and_healed_by_the_launcher(demo_model_dir, tmp_path):
-    http_port = free_port()
+    """...and the OpenAI front that serve.sh starts beside it answers again once the model is back."""
+    http_port, openai_port = free_port(), free_port()
     log_path = tmp_path / "serve.log"
     with open(log_path, "w") as log:
         launcher = subprocess.Popen(
             [sys.executable, os.path.join(REPO, "scripts", "triton_server.py"), "--http-port", str(http_port),
              "--grpc-port", str(free_port()), "--metrics-port", str(free_port()), "--model-dir", demo_model_dir,
-             "--drain-grace", "2"],
+             "--drain-grace", "2", "--openai-port", str(openai_port)],
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "2"})
     try:
         assert wait_for(lambda: ready(http_port), timeout=180, interval=0.5), log_path.read_text()[-3000:]
@@ -183,6 +191,10 @@ def test_a_killed_model_process_is_seen_at_once_and_healed_by_the_launcher(demo_
         response = requests.post(f"http://{url}/v2/models/ensemble/generate", timeout=60,
                                  json={"text_input": "after the crash", "max_tokens": 8})
         assert response.status_code == 200 and response.json()["num_output_tokens"] == 8
+        assert wait_for(lambda: openai_health(openai_port) == 200, timeout=30)
+        completion = requests.post(f"http://localhost:{openai_port}/v1/completions", timeout=60,
+                                   json={"model": "glm", "prompt": "after the crash", "max_tokens": 4})
+        assert completion.json()["usage"]["completion_tokens"] == 4
         assert wait_for(lambda: "ready again" in log_path.read_text(), timeout=10)  # the launcher's next poll
         assert f"glm_0_0 of glm version 1 (pid {glm_stub}) died while it was loaded: restarting" in log_path.read_text()
     finally:

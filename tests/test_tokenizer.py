@@ -26,7 +26,7 @@ def test_prompt_gets_glm_prefix_and_decodes_back(tokenizer):
 
 
 def test_a_prompt_that_already_has_the_prefix_does_not_get_a_second(tokenizer):
-    chat_prompt = "[gMASK]<sop><|user|>\nhi<|assistant|>\n"  # what GLM-4's chat template renders
+    chat_prompt = "[gMASK]<sop><|user|>\nhi<|assistant|>"  # what GLM-4's chat template renders
     ids = tokenizer.encode(chat_prompt)
     assert ids == tokenizer.encode(chat_prompt, add_special_tokens=False)
     assert ids[:2] == [tokenizer.token_id("[gMASK]"), tokenizer.token_id("<sop>")] and ids[2:4] != ids[:2]

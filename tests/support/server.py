@@ -11,7 +11,10 @@ import time
 
 import requests
 
-from glm_tools.launcher import MODEL_REPOSITORY, TritonServer, free_port, model_repository_with
+from glm_tools.launcher import MODEL_REPOSITORY, TritonServer, free_port, model_repository_with, start_openai_front
+
+# The key the tests' OpenAI front wants.
+OPENAI_API_KEY = "sk-test-key"
 
 
 @contextlib.contextmanager
@@ -34,6 +37,27 @@ def running_server(model_dir: str, work_dir: str, engine_parameters: dict[str, s
         yield server
     finally:
         server.stop()
+
+
+@contextlib.contextmanager
+def running_openai_front(server, model_dir: str):
+    """The OpenAI front in front of `server`, on a free port, wanting OPENAI_API_KEY; yields its base URL."""
+    port = free_port()
+    process = start_openai_front(server.grpc_url, port, model_dir=model_dir, api_key=OPENAI_API_KEY)
+    url = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        try:
+            return requests.get(f"{url}/health", timeout=5).status_code == 200
+        except requests.ConnectionError:
+            return False
+
+    try:
+        assert wait_for(healthy, timeout=60), "the OpenAI front did not become healthy"
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
 
 
 def metrics(server) -> dict[str, float]:

@@ -1,0 +1,169 @@
+"""The OpenAI-compatible front (openai_front/), driven by the official `openai` package against the real server:
+sync, async and streaming, n > 1, tools with a stub tool round trip, log-probs, errors in OpenAI's shape, the API
+key, and a client that goes away (its KV blocks are freed)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+
+import openai
+import pytest
+import requests
+from support.server import OPENAI_API_KEY, metric, metrics, wait_for
+
+from clients import ChatTemplate, GrpcClient
+from glm_engine.tokenizer import GlmTokenizer
+from openai_front.chat import might_become_a_call, tool_calls_in
+
+KEY = OPENAI_API_KEY
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                            "parameters": {"type": "object",
+                                                           "properties": {"city": {"type": "string"}}}}}
+
+
+@pytest.fixture(scope="module")
+def front(openai_front):
+    return openai_front
+
+
+@pytest.fixture(scope="module")
+def client(front):
+    return openai.OpenAI(base_url=f"{front}/v1", api_key=KEY, max_retries=0)
+
+
+def prompt_tokens(model_dir: str, prompt: str) -> int:
+    return len(GlmTokenizer(model_dir).encode(prompt, add_special_tokens=False))
+
+
+def test_models_and_the_api_key(front, client):
+    assert [model.id for model in client.models.list()] == ["glm"]
+    for key in ("wrong", ""):
+        with pytest.raises(openai.AuthenticationError) as refused:
+            openai.OpenAI(base_url=f"{front}/v1", api_key=key or "x", max_retries=0,
+                          default_headers={} if key else {"Authorization": ""}).models.list()
+        assert refused.value.status_code == 401 and refused.value.body["code"] == "invalid_api_key"
+
+
+def test_a_chat_answer_is_the_ensembles_answer_to_the_rendered_prompt(client, triton_server, demo_model_dir):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "你好"}]
+    reply = client.chat.completions.create(model="glm", messages=messages, max_tokens=12, temperature=0)
+    prompt = ChatTemplate.from_checkpoint(demo_model_dir).render(messages)
+    direct = GrpcClient(triton_server.grpc_url).generate(prompt, max_tokens=12)
+    assert reply.choices[0].message.content == direct.text and reply.choices[0].finish_reason == direct.finish_reason
+    assert reply.usage.prompt_tokens == prompt_tokens(demo_model_dir, prompt)
+    assert reply.usage.completion_tokens == direct.num_output_tokens == 12
+
+
+def test_streaming_with_usage_gives_the_same_text(client):
+    kwargs = dict(model="glm", messages=[{"role": "user", "content": "hi"}], max_tokens=10, temperature=0)
+    whole = client.chat.completions.create(**kwargs).choices[0].message.content
+    chunks = list(client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["length"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
+
+
+def test_n_answers_with_a_seed_are_different_and_reproducible(client):
+    kwargs = dict(model="glm", messages=[{"role": "user", "content": "tell me"}], max_tokens=8, n=3, seed=7,
+                  temperature=1.0)
+    first, again = client.chat.completions.create(**kwargs), client.chat.completions.create(**kwargs)
+    texts = [choice.message.content for choice in first.choices]
+    assert [choice.index for choice in first.choices] == [0, 1, 2] and len(set(texts)) == 3
+    assert texts == [choice.message.content for choice in again.choices]
+    assert first.usage.completion_tokens == 24
+    streamed = {}
+    for chunk in client.chat.completions.create(**kwargs, stream=True):
+        for choice in chunk.choices:
+            streamed[choice.index] = streamed.get(choice.index, "") + (choice.delta.content or "")
+    assert [streamed[i] for i in range(3)] == texts
+
+
+def test_async_completions_with_stop_echo_and_logprobs(front):
+    async def run():
+        async with openai.AsyncOpenAI(base_url=f"{front}/v1", api_key=KEY, max_retries=0) as client:
+            plain = await client.completions.create(model="glm", prompt="def main():", max_tokens=16, temperature=0)
+            word = plain.choices[0].text[4:9]
+            stopped, echoed = await asyncio.gather(
+                client.completions.create(model="glm", prompt="def main():", max_tokens=16, temperature=0,
+                                          stop=[word]),
+                client.completions.create(model="glm", prompt="def main():", max_tokens=5, temperature=0, echo=True,
+                                          logprobs=1))
+            return plain, word, stopped, echoed
+
+    plain, word, stopped, echoed = asyncio.run(run())
+    assert word and stopped.choices[0].text == plain.choices[0].text[:plain.choices[0].text.index(word)]
+    assert stopped.choices[0].finish_reason == "stop"
+    logprobs = echoed.choices[0].logprobs
+    assert echoed.choices[0].text.startswith("def main():")
+    assert "".join(logprobs.tokens) == echoed.choices[0].text[len("def main():"):]
+    assert all(lp <= 0 for lp in logprobs.token_logprobs) and logprobs.text_offset[0] == len("def main():")
+
+
+def test_a_forced_tool_call_and_the_tool_result_round_trip(client, demo_model_dir):
+    question = [{"role": "user", "content": "Weather in Paris?"}]
+    first = client.chat.completions.create(model="glm", messages=question, tools=[WEATHER], max_tokens=8,
+                                           tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    (call,) = first.choices[0].message.tool_calls
+    assert first.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
+    assert first.choices[0].message.content is None
+
+    # The stub tool answers; the front renders the call and its result as GLM-4's turns.
+    messages = [*question, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": call.id, "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 °C"}]
+    second = client.chat.completions.create(model="glm", messages=messages, tools=[WEATHER], tool_choice="none",
+                                            max_tokens=4)
+    rendered = ("[gMASK]<sop><|user|>\nWeather in Paris?<|assistant|>get_weather\n{\"city\": \"Paris\"}"
+                "<|observation|>\nsunny, 21 °C<|assistant|>")
+    assert second.usage.prompt_tokens == prompt_tokens(demo_model_dir, rendered)
+    assert second.choices[0].message.tool_calls is None
+
+
+def test_glm4_tool_calls_are_recognised_in_answers():
+    tools = [WEATHER]
+    assert tool_calls_in('get_weather\n{"city": "Paris"}', tools, None)[0]["function"] == {
+        "name": "get_weather", "arguments": '{"city": "Paris"}'}
+    assert tool_calls_in("get_weather\nnot json", tools, None) is None
+    assert tool_calls_in("Just text.", tools, None) is None
+    assert might_become_a_call("get_wea", tools) and might_become_a_call("get_weather\n{", tools)
+    assert not might_become_a_call("Sunny", tools) and not might_become_a_call("get_weather now\n", tools)
+
+
+@pytest.mark.parametrize("body, status, param", [
+    ({"model": "gpt-4", "messages": [{"role": "user", "content": "hi"}]}, 404, "model"),
+    ({"model": "glm", "messages": [{"role": "user", "content": "hi"}], "temperature": 3}, 400, "temperature"),
+    ({"model": "glm", "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}, 400, "top_logprobs"),
+    ({"model": "glm", "messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0].role"),
+    ({"model": "glm", "messages": [{"role": "user", "content": "hi"}], "logit_bias": {"5": 3}}, 400, "logit_bias"),
+    ({"model": "glm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**9}, 400, None),
+    ({"model": "glm", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
+     "messages[0].content"),
+])
+def test_errors_have_openais_shape_and_status(front, body, status, param):
+    response = requests.post(f"{front}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"})
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["message"] and error["param"] == param and "Traceback" not in error["message"]
+
+
+def test_a_body_that_is_not_json_is_a_400(front):
+    response = requests.post(f"{front}/v1/completions", data=b"{oops", headers={"Authorization": f"Bearer {KEY}"})
+    assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_client_that_goes_away_frees_its_kv_blocks(front, triton_server):
+    body = json.dumps({"model": "glm", "prompt": "a long story", "max_tokens": 3000, "stream": True,
+                       "ignore_eos": True}).encode()
+    host, port = front.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as connection:
+        connection.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: " +
+                           str(len(body)).encode() + b"\r\n\r\n" + body)
+        received = b""
+        while b"data: " not in received:
+            received += connection.recv(4096)
+        assert wait_for(lambda: metric(metrics(triton_server), "glm_kv_blocks_used") > 0, timeout=10)
+    assert wait_for(lambda: metric(metrics(triton_server), "glm_kv_blocks_used") == 0, timeout=20)
