@@ -1,17 +1,22 @@
 """Other projects' clients, unchanged (tests/public_clients/README.md says where each comes from), against the real
 server: TensorRT-LLM backend's end-to-end client on the ensemble and its in-flight batcher client on glm (the
-`tensorrt_llm` model's interface)."""
+`tensorrt_llm` model's interface), and vllm_backend's sample client on vllm_model."""
 
 from __future__ import annotations
 
+import json
 import os
+import queue
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 from support import REPO
 
 TRTLLM_CLIENTS = os.path.join(REPO, "tests", "public_clients", "tensorrtllm_backend")
+VLLM_CLIENT = os.path.join(REPO, "tests", "public_clients", "vllm_backend", "client.py")
 
 
 def run_client(script: str, *args: str) -> str:
@@ -63,3 +68,69 @@ def test_tensorrt_llm_inflight_batcher_client_on_glm(triton_server, demo_model_d
     assert "Output beam 0:" in output
     if "--num-return-sequences" in options:
         assert "Output beam 1:" in output
+
+
+@pytest.mark.parametrize("options", [[], ["--streaming-mode", "--exclude-inputs-in-outputs"]],
+                         ids=["single", "streaming"])
+def test_vllm_backend_sample_client_on_vllm_model(triton_server, tmp_path, options):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("def main():\n你好\n")
+    results = tmp_path / "results.txt"
+    done = subprocess.run([sys.executable, VLLM_CLIENT, "-u", triton_server.grpc_url, "--input-prompts", str(prompts),
+                           "--results-file", str(results), *options], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert "PASS: vLLM example" in done.stdout, done.stdout + done.stderr
+    answers = results.read_text().split("\n=========\n")[:2]
+    assert all(answer.strip() for answer in answers)
+    if not options:  # vllm_backend echoes the prompt in a single response
+        assert answers[0].startswith("def main():") and answers[1].strip().startswith("你好")
+
+
+def vllm_request(url: str, settings: dict, stream: bool, switches=("return_finish_reason", "return_logprobs",
+                 "return_cumulative_logprob", "return_num_input_tokens", "return_num_output_tokens")) -> list:
+    """One request as vllm_backend's clients make it (no batch dimension), its responses' outputs as numpy."""
+    inputs = []
+    for name, value, datatype in (("text_input", np.array([b"count to ten"], dtype=np.object_), "BYTES"),
+                                  ("stream", np.array([stream]), "BOOL"),
+                                  ("exclude_input_in_output", np.array([True]), "BOOL"),
+                                  ("sampling_parameters", np.array([json.dumps(settings).encode()], dtype=np.object_),
+                                   "BYTES"),
+                                  *((switch, np.array([True]), "BOOL") for switch in switches)):
+        tensor = grpcclient.InferInput(name, list(value.shape), datatype)
+        tensor.set_data_from_numpy(value)
+        inputs.append(tensor)
+    results: queue.SimpleQueue = queue.SimpleQueue()
+    client = grpcclient.InferenceServerClient(url)
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    client.async_stream_infer("vllm_model", inputs, request_id="vllm-outputs")
+    client.stop_stream()
+    responses = []
+    while not results.empty():
+        result, error = results.get()
+        assert error is None, str(error)
+        responses.append({name: result.as_numpy(name) for name in ("text_output", "finish_reason",
+                                                                  "cumulative_logprob", "logprobs",
+                                                                  "num_input_tokens", "num_output_tokens")})
+    return responses
+
+
+def test_vllm_model_outputs_have_vllm_backends_shapes_and_meanings(triton_server):
+    settings = {"max_tokens": "12", "temperature": "0", "ignore_eos": "true"}
+    responses = vllm_request(triton_server.grpc_url, settings, stream=True)
+    assert all(r["text_output"].shape == (1,) and r["num_input_tokens"].shape == (1,) for r in responses)
+    assert [r["finish_reason"][0] for r in responses][-1] == b"length"
+    assert all(r["finish_reason"][0] == b"None" for r in responses[:-1])  # str(None), as vllm_backend sends it
+    assert sum(int(r["num_output_tokens"][0]) for r in responses) == 12  # each response counts its own tokens
+    entries = [entry for r in responses for entry in json.loads(r["logprobs"][0])]
+    assert len(entries) == 12 and all(len(entry) == 1 for entry in entries)
+    total = sum(next(iter(entry.values()))["logprob"] for entry in entries)
+    assert abs(float(responses[-1]["cumulative_logprob"][0]) - total) < 1e-3
+    whole, = vllm_request(triton_server.grpc_url, settings, stream=False)
+    assert whole["text_output"][0].decode() == "".join(r["text_output"][0].decode() for r in responses)
+
+
+def test_vllm_model_sends_only_what_its_switches_ask_for_and_names_bad_settings(triton_server):
+    response, = vllm_request(triton_server.grpc_url, {"max_tokens": 4}, stream=False, switches=())
+    assert response["text_output"] is not None and response["finish_reason"] is None
+    with pytest.raises(AssertionError, match="unsupported keys"):
+        vllm_request(triton_server.grpc_url, {"max_tokens": 4, "best_of_everything": 1}, stream=False)

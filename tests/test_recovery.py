@@ -319,7 +319,7 @@ def test_the_control_plane_needs_the_key_and_a_reload_swaps_the_model_process(de
         finally:
             shared_memory.destroy_shared_memory_region(region)
         assert {entry["name"] for entry in server.repository()} == {"bls", "ensemble", "glm", "postprocessing",
-                                                                    "preprocessing"}
+                                                                    "preprocessing", "vllm_model"}
 
         def glm_stubs() -> list[int]:
             return [pid for pid, stub in server.stub_processes().items() if stub.model == "glm"]

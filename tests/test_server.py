@@ -318,7 +318,7 @@ def test_penalties_reach_the_engine_through_ensemble_and_bls(triton_server):
     ({"text_input": "hi", "max_tokens": 0}, "max_tokens must be at least 1"),
     ({"text_input": "hi", "max_tokens": -3}, "max_tokens must be at least 1"),
     ({"text_input": "hi", "max_tokens": 100000}, "over the model's limit"),
-    ({"text_input": "hi", "top_p": 0.0}, "top_p must lie in (0, 1]"),
+    ({"text_input": "hi", "top_p": -0.1}, "top_p must lie in (0, 1]"),
     ({"text_input": "hi", "temperature": -1.0}, "temperature must be"),
     ({"text_input": "hi", "top_k": -2}, "top_k must be"),
     ({"text_input": "hi", "min_p": 2.0}, "min_p must lie in [0, 1]"),

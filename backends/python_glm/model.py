@@ -1,6 +1,6 @@
 """Triton's entry point for the `python_glm` backend: one TritonPythonModel for every model that names it.
 
-A model's `role` parameter picks the adapter: `preprocessing`, `glm`, `postprocessing` or `bls`. The adapters are thin
+A model's `role` parameter picks the adapter: `preprocessing`, `glm`, `postprocessing`, `bls` or `vllm`. The adapters are thin
 (triton_glm/); the work is done by the Triton-free engine package beside them (glm_engine/).
 """
 
@@ -30,7 +30,10 @@ def _adapter_class(role: str):
     if role == "bls":
         from triton_glm.bls import Bls
         return Bls
-    raise ValueError(f"parameter 'role' must be preprocessing, glm, postprocessing or bls, got {role!r}")
+    if role == "vllm":
+        from triton_glm.vllm_style import VllmStyleModel
+        return VllmStyleModel
+    raise ValueError(f"parameter 'role' must be preprocessing, glm, postprocessing, bls or vllm, got {role!r}")
 
 
 class TritonPythonModel:

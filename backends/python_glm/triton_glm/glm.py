@@ -181,15 +181,15 @@ class GlmEngineModel:
 def version_checkpoint(model_path: str, version: int, parameters: dict[str, str], server_checkpoint: str) -> str:
     """The checkpoint `version` serves (its version.json, else the server's), adding the engine parameters the
     version sets to `parameters`. A checkpoint whose tokenizer is not the server's is refused: preprocessing,
-    postprocessing and bls tokenize for every version with the server's."""
+    postprocessing, bls and vllm_model tokenize for every version with the server's."""
     spec = read_version_spec(model_path, version)
     parameters.update(spec.parameters)
     if spec.checkpoint is None:
         return server_checkpoint
     if not same_tokenizer(spec.checkpoint, server_checkpoint):
         raise VersionError(f"version {version}: the checkpoint {spec.checkpoint} has another tokenizer.json than the "
-                           f"server's checkpoint {server_checkpoint}, which preprocessing, postprocessing and bls use "
-                           "for every version; serve it from a model repository of its own")
+                           f"server's checkpoint {server_checkpoint}, which preprocessing, postprocessing, bls and "
+                           "vllm_model use for every version; serve it from a model repository of its own")
     return spec.checkpoint
 
 
