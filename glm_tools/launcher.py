@@ -174,6 +174,20 @@ def start_openai_front(grpc_url: str, port: int, host: str = "127.0.0.1", model_
     return subprocess.Popen(command, cwd=REPO, env=env, preexec_fn=stop_with_parent)
 
 
+def wait_for_openai_front(url: str, timeout: float = 60.0) -> None:
+    """Wait until the front at url answers /health with 200 (its Triton server is ready); RuntimeError after timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5) as reply:
+                if reply.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"the OpenAI front at {url} was not healthy within {timeout:.0f} s")
+
+
 def free_port() -> int:
     """A TCP port nothing listens on now: for servers that must not collide with one already running."""
     with socket.socket() as s:

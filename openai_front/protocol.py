@@ -1,7 +1,8 @@
 """OpenAI's request bodies read into what the Triton SDK sends, and its error body: no networking here.
 
 What OpenAI's API has and this server does not do is refused with a 400 that names the field, as OpenAI's servers
-do; fields that change nothing here (`user`, `store`, `metadata`, `parallel_tool_calls`, ...) are ignored.
+do; fields that change nothing here (`user`, `store`, `metadata`, `parallel_tool_calls`, ...) are ignored. vLLM's
+extensions (`top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `ignore_eos`) are taken too.
 """
 
 from __future__ import annotations
@@ -60,6 +61,13 @@ def _number(body: dict, name: str, kind=float, low=None, high=None):
     return kind(value)
 
 
+def _boolean(body: dict, name: str) -> bool | None:
+    value = body.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise invalid(name, "must be true or false")
+    return value
+
+
 def _stop_words(body: dict) -> list[str] | None:
     stop = body.get("stop")
     if stop is None:
@@ -108,6 +116,16 @@ def sampling_keywords(body: dict, max_tokens_field: str) -> tuple[dict, int]:
         "stop_words": _stop_words(body),
         "num_return_sequences": n if n > 1 else None,
     }
+    # vLLM's extensions of OpenAI's API, which its clients (and genai-perf's --extra-inputs) send.
+    sampling.update({
+        "top_k": _number(body, "top_k", int, -1),
+        "min_p": _number(body, "min_p", float, 0, 1),
+        "repetition_penalty": _number(body, "repetition_penalty", float, 0),
+        "min_tokens": _number(body, "min_tokens", int, 0),
+        "ignore_eos": _boolean(body, "ignore_eos"),
+    })
+    if sampling["top_k"] == -1:
+        sampling["top_k"] = 0  # vLLM turns top-k off with -1, the engine with 0
     if sampling["top_p"] == 0:
         raise invalid("top_p", "must be above 0")
     # OpenAI's default temperature is 1 (sampling); the engine's own default is greedy.

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# All the tests: install (with the test-only packages), then pytest. The integration tests build their own demo
-# checkpoint and start their own tritonserver on free ports. Extra arguments go to pytest.
+# All the tests: install (with the test-only packages, and genai-perf in .venv-genai), then pytest. The integration
+# tests build their own demo checkpoint and start their own tritonserver on free ports. Extra arguments go to pytest.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$repo/scripts/setup_env.sh" requirements-test.txt
+"$repo/scripts/setup_genai_perf.sh"  # genai-perf and perf_analyzer, which tests/test_genai_perf.py runs
 cd "$repo"
 exec "$repo/.venv/bin/python" -m pytest tests "$@"

@@ -90,3 +90,13 @@ def test_soak_samples_memory_and_engine_gauges_into_csv_json_and_a_plot(demo_mod
     header = (out / "soak.csv").read_text().splitlines()[0].split(",")
     assert header[:2] == ["seconds", "rss_mb bls"] and "glm_kv_blocks_used" in header
     assert (out / "soak.png").stat().st_size > 10_000
+
+
+def test_bench_openai_measures_the_front_against_grpc_side_by_side(tmp_path):
+    out = tmp_path / "openai.json"
+    run_script("bench_openai.py", "--rounds", "2", "--concurrency", "2", "--max-tokens", "8", "--json", str(out))
+    summary = json.loads(out.read_text())
+    for way in ("grpc", "openai"):  # ignore_eos both ways: the same tokens
+        assert summary[way]["streams"] == 4 and summary[way]["output_tokens"] == 32, summary[way]
+        assert 0 < summary[way]["ttft_ms_p50"] <= summary[way]["latency_ms_p50"]
+    assert summary["ratios"]["tokens_per_s"] > 0

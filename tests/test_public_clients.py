@@ -51,7 +51,7 @@ def test_tensorrt_llm_end_to_end_client_hears_what_is_not_supported(triton_serve
     done = subprocess.run([sys.executable, os.path.join(TRTLLM_CLIENTS, "end_to_end_grpc_client.py"), "-u",
                            triton_server.grpc_url, "-p", "x", "-o", "4", "--beam-width", "2"],
                           capture_output=True, text=True, timeout=120)
-    assert "input 'beam_width' must be 1 (beam search is not supported)" in done.stdout
+    assert "input 'beam_width' must be 1 (not supported: beam search)" in done.stdout
 
 
 @pytest.mark.parametrize("options", [["--streaming"], ["--num-return-sequences", "2", "--top-k", "5"],
@@ -87,8 +87,10 @@ def test_vllm_backend_sample_client_on_vllm_model(triton_server, tmp_path, optio
 
 
 def vllm_request(url: str, settings: dict, stream: bool, switches=("return_finish_reason", "return_logprobs",
-                 "return_cumulative_logprob", "return_num_input_tokens", "return_num_output_tokens")) -> list:
-    """One request as vllm_backend's clients make it (no batch dimension), its responses' outputs as numpy."""
+                 "return_cumulative_logprob", "return_num_input_tokens", "return_num_output_tokens"),
+                 outputs=None) -> list:
+    """One request as vllm_backend's clients make it (no batch dimension), its responses' outputs as numpy.
+    `outputs`: the outputs to name (None: none, so Triton asks for all)."""
     inputs = []
     for name, value, datatype in (("text_input", np.array([b"count to ten"], dtype=np.object_), "BYTES"),
                                   ("stream", np.array([stream]), "BOOL"),
@@ -102,7 +104,8 @@ def vllm_request(url: str, settings: dict, stream: bool, switches=("return_finis
     results: queue.SimpleQueue = queue.SimpleQueue()
     client = grpcclient.InferenceServerClient(url)
     client.start_stream(callback=lambda result, error: results.put((result, error)))
-    client.async_stream_infer("vllm_model", inputs, request_id="vllm-outputs")
+    client.async_stream_infer("vllm_model", inputs, request_id="vllm-outputs",
+                              outputs=None if outputs is None else [grpcclient.InferRequestedOutput(o) for o in outputs])
     client.stop_stream()
     responses = []
     while not results.empty():
@@ -129,8 +132,13 @@ def test_vllm_model_outputs_have_vllm_backends_shapes_and_meanings(triton_server
     assert whole["text_output"][0].decode() == "".join(r["text_output"][0].decode() for r in responses)
 
 
-def test_vllm_model_sends_only_what_its_switches_ask_for_and_names_bad_settings(triton_server):
-    response, = vllm_request(triton_server.grpc_url, {"max_tokens": 4}, stream=False, switches=())
+def test_vllm_model_sends_what_its_switches_or_the_client_ask_for_and_names_bad_settings(triton_server):
+    response, = vllm_request(triton_server.grpc_url, {"max_tokens": 4}, stream=False, switches=(),
+                             outputs=["text_output"])  # as vllm_backend's sample client asks
     assert response["text_output"] is not None and response["finish_reason"] is None
+    response, = vllm_request(triton_server.grpc_url, {"max_tokens": 4}, stream=False, switches=())
+    # No outputs named: every output (perf_analyzer's way), log-probs as vllm_backend sends them when not computed.
+    assert response["logprobs"][0] == b"null" and response["cumulative_logprob"][0] == 0
+    assert response["num_output_tokens"][0] == 4 and response["finish_reason"][0] == b"length"
     with pytest.raises(AssertionError, match="unsupported keys"):
         vllm_request(triton_server.grpc_url, {"max_tokens": 4, "best_of_everything": 1}, stream=False)

@@ -176,7 +176,7 @@ def test_tensorrt_llm_inputs_that_change_nothing_are_accepted_and_others_named()
                                      num_return_sequences=np.int32(3)), 64)
     assert (params.min_tokens, params.seed, params.n) == (2, 9, 3)
     assert [p.seed for p in params.samples()] == [9, 10, 11] and all(p.n == 1 for p in params.samples())
-    for name, value, rule in (("beam_width", np.int32(4), "must be 1 (beam search is not supported)"),
+    for name, value, rule in (("beam_width", np.int32(4), "must be 1 (not supported: beam search)"),
                               ("return_generation_logits", True, "must be false"),
                               ("lora_weights", np.ones((1, 2, 2), dtype=np.float16), "must be empty"),
                               ("guided_decoding_guide", np.array([[b"{}"]], dtype=np.object_), "must be empty")):

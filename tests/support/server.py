@@ -11,7 +11,8 @@ import time
 
 import requests
 
-from glm_tools.launcher import MODEL_REPOSITORY, TritonServer, free_port, model_repository_with, start_openai_front
+from glm_tools.launcher import (MODEL_REPOSITORY, TritonServer, free_port, model_repository_with, start_openai_front,
+                                wait_for_openai_front)
 
 # The key the tests' OpenAI front wants.
 OPENAI_API_KEY = "sk-test-key"
@@ -45,15 +46,8 @@ def running_openai_front(server, model_dir: str):
     port = free_port()
     process = start_openai_front(server.grpc_url, port, model_dir=model_dir, api_key=OPENAI_API_KEY)
     url = f"http://127.0.0.1:{port}"
-
-    def healthy() -> bool:
-        try:
-            return requests.get(f"{url}/health", timeout=5).status_code == 200
-        except requests.ConnectionError:
-            return False
-
     try:
-        assert wait_for(healthy, timeout=60), "the OpenAI front did not become healthy"
+        wait_for_openai_front(url)
         yield url
     finally:
         process.terminate()

@@ -66,7 +66,7 @@ def _unsupported(name: str, datatype: str, feature: str, dims: tuple[int, ...] =
                  rule: str = "must be empty", accepts: Callable = lambda value: value.size == 0) -> Tensor:
     """An input of TensorRT-LLM's for `feature`, which this engine does not have: its default is accepted (clients
     send it), anything else refused."""
-    return Tensor(name, datatype, f"{feature} is not supported", dims=dims, default=default, rule=rule, accepts=accepts)
+    return Tensor(name, datatype, f"not supported: {feature}", dims=dims, default=default, rule=rule, accepts=accepts)
 
 
 def _all(test: Callable) -> Callable:
@@ -156,7 +156,7 @@ REQUEST_INPUTS = (
     _unsupported("lora_config", "INT32", "LoRA adapters", dims=(-1, 3)),
     _unsupported("guided_decoding_guide_type", "STRING", "guided decoding", rule="must be empty", accepts=_no_text),
     _unsupported("guided_decoding_guide", "STRING", "guided decoding", rule="must be empty", accepts=_no_text),
-    _unsupported("decoder_text_input", "STRING", "encoder-decoder models", rule="must be empty", accepts=_no_text),
+    _unsupported("decoder_text_input", "STRING", "encoder-decoder models' decoder input", rule="must be empty", accepts=_no_text),
 )
 
 # Keys of sampling_parameters that no tensor input has.

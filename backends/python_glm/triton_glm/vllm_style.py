@@ -2,8 +2,9 @@
 
 vllm_backend's models have `max_batch_size: 0`, so their clients send tensors without a batch dimension (`text_input`
 of shape [1]); settings travel as the `sampling_parameters` JSON string (or, where that is absent, as the request's
-parameters), and its outputs are `text_output`, and, when switched on, `finish_reason`, `cumulative_logprob`,
-`logprobs`, `num_input_tokens` and `num_output_tokens`. This model tokenizes, calls `glm` through BLS (so the traffic
+parameters), and its outputs are `text_output`, and, when switched on (or named by the client: perf_analyzer names
+every output, and reads garbage for one that is missing), `finish_reason`, `cumulative_logprob`, `logprobs`,
+`num_input_tokens` and `num_output_tokens`. This model tokenizes, calls `glm` through BLS (so the traffic
 split and every engine rule apply, and no second copy of the weights is loaded), and turns each glm response into
 vllm_backend's, one by one, so a stream stays a stream.
 """
@@ -43,7 +44,7 @@ class VllmStyleModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                glm_request, switched_on = self._glm_request(request)
+                glm_request, wanted = self._glm_request(request)
             except InputError as exc:
                 sender.send(error_response(str(exc)), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
@@ -51,7 +52,7 @@ class VllmStyleModel:
                 sender.send(internal_error("reading a vllm_model request"),
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
-            self.pool.submit(self._relay, glm_request, sender, switched_on, request.request_id())
+            self.pool.submit(self._relay, glm_request, sender, wanted, request.request_id())
         return None
 
     def _glm_request(self, request):
@@ -59,6 +60,7 @@ class VllmStyleModel:
         check_prompt(text)
         stream = optional_scalar(request, "stream", False, bool)
         switched_on = {output for switch, output in SWITCHES.items() if optional_scalar(request, switch, False, bool)}
+        wanted = switched_on | set(request.requested_output_names())
         settings = pb_utils.get_input_tensor_by_name(request, "sampling_parameters")
         if settings is not None:
             settings = settings.as_numpy().reshape(-1)[:1]
@@ -72,16 +74,21 @@ class VllmStyleModel:
                   pb_utils.Tensor("streaming", np.array([[stream]])),
                   pb_utils.Tensor("exclude_input_in_output",
                                   np.array([[optional_scalar(request, "exclude_input_in_output", False, bool)]])),
+                  # Log-probs cost the engine a little: computed when switched on, else sent as vllm_backend does
+                  # when they were not asked for (0 and "null").
                   pb_utils.Tensor("return_log_probs",
                                   np.array([[bool(switched_on & {"cumulative_logprob", "logprobs"})]]))]
         if settings is not None:
             inputs.append(pb_utils.Tensor("sampling_parameters", settings.reshape(1, 1)))
+        ignore_eos = optional_scalar(request, "ignore_eos", None, bool)  # genai-perf's extra input
+        if ignore_eos is not None:
+            inputs.append(pb_utils.Tensor("ignore_eos", np.array([[ignore_eos]])))
         glm_request = pb_utils.InferenceRequest(
             model_name=self.engine_model, inputs=inputs, request_id=request.request_id(),
             requested_output_names=GLM_OUTPUTS, parameters={CODE_IN_MESSAGE: True})
-        return glm_request, switched_on
+        return glm_request, wanted
 
-    def _relay(self, glm_request, sender, switched_on: set[str], request_id: str) -> None:
+    def _relay(self, glm_request, sender, wanted: set[str], request_id: str) -> None:
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         sent_tokens: dict[int, int] = {}  # per answer: output tokens reported so far (vllm reports each response's)
         finished = stopped = False
@@ -102,7 +109,7 @@ class VllmStyleModel:
                     sender.send(flags=final)
                     finished = True
                     continue
-                sender.send(self._vllm_response(response, switched_on, sent_tokens))
+                sender.send(self._vllm_response(response, wanted, sent_tokens))
             if not finished:  # every request gets its final flag
                 sender.send(flags=final)
         except Exception:
@@ -112,27 +119,28 @@ class VllmStyleModel:
                 except Exception:  # the client went away
                     log.exception("closing a vllm_model request failed")
 
-    def _vllm_response(self, response, switched_on: set[str], sent_tokens: dict[int, int]):
+    def _vllm_response(self, response, wanted: set[str], sent_tokens: dict[int, int]):
         def output(name):
             return pb_utils.get_output_tensor_by_name(response, name).as_numpy().reshape(-1)
 
         index = int(output("sequence_index")[0])
         total = int(output("num_output_tokens")[0])
         tensors = [pb_utils.Tensor("text_output", output("text_output").astype(np.object_))]
-        if "finish_reason" in switched_on:  # vllm_backend sends str(None) until the answer is over
+        if "finish_reason" in wanted:  # vllm_backend sends str(None) until the answer is over
             reason = output("finish_reason")[0].decode() or "None"
             tensors.append(pb_utils.Tensor("finish_reason", np.array([reason.encode()], dtype=np.object_)))
-        if "cumulative_logprob" in switched_on:
+        if "cumulative_logprob" in wanted:
             tensors.append(pb_utils.Tensor("cumulative_logprob", output("cum_log_probs").astype(np.float32)))
-        if "logprobs" in switched_on:
+        if "logprobs" in wanted:
             ids, logprobs = output("output_ids").tolist(), output("output_log_probs").tolist()
             generated = ids[len(ids) - len(logprobs):]  # a response that echoes the prompt has its ids first
             entries = [{str(token): {"logprob": logprob, "rank": None, "decoded_token": self.tokenizer.decode([token])}}
                        for token, logprob in zip(generated, logprobs)]
-            tensors.append(pb_utils.Tensor("logprobs", np.array([json.dumps(entries).encode()], dtype=np.object_)))
-        if "num_input_tokens" in switched_on:
+            text = json.dumps(entries) if logprobs else "null"
+            tensors.append(pb_utils.Tensor("logprobs", np.array([text.encode()], dtype=np.object_)))
+        if "num_input_tokens" in wanted:
             tensors.append(pb_utils.Tensor("num_input_tokens", output("num_input_tokens").astype(np.uint32)))
-        if "num_output_tokens" in switched_on:
+        if "num_output_tokens" in wanted:
             new = total - sent_tokens.get(index, 0)
             tensors.append(pb_utils.Tensor("num_output_tokens", np.array([new], dtype=np.uint32)))
         sent_tokens[index] = total
