@@ -62,5 +62,5 @@ class ChatTemplate:
                 raise ValueError(f"unknown chat role {message['role']!r}; use one of {', '.join(ROLES)}")
         if tools and "['tools']" in self.source:
             messages = [{"role": "system", "content": "", "tools": tools}, *messages]
-        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt, tools=tools or None,
-                                     **self._special_tokens)
+        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                     tools=tools or None, **self._special_tokens)

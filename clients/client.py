@@ -19,8 +19,8 @@ from tritonclient.utils import InferenceServerException
 
 from .chat import ChatTemplate
 from .errors import GlmError, RequestTimeoutError, ServerUnavailableError, from_http, from_triton, message_from_body
-from .request import (ENGINE_MODEL, Generation, Piece, answers_asked, generate_body, model_url, request_values, stop_body,
-                      stop_inputs, triton_inputs)
+from .request import (ENGINE_MODEL, Generation, Piece, answers_asked, generate_body, model_url, request_values,
+                      stop_body, stop_inputs, triton_inputs)
 from .stream import TextStream
 
 # How long a cancellation (the `stop` request) may take before the client gives up on it.

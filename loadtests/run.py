@@ -179,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allow-remote", action="store_true", help="allow a server that is not on this machine")
     args = parser.parse_args(argv)
 
-    hosts = [urlparse(args.host).hostname or "", args.grpc_url.rsplit(":", 1)[0], urlparse(args.openai_url).hostname or ""]
+    hosts = [urlparse(args.host).hostname or "", args.grpc_url.rsplit(":", 1)[0],
+             urlparse(args.openai_url).hostname or ""]
     if not args.allow_remote and not all(is_loopback(h) for h in hosts):
         parser.error(f"{args.host} / {args.grpc_url} is not this machine; load tests stay on loopback unless "
                      "--allow-remote")

@@ -8,6 +8,7 @@ extensions (`top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `ignore_eos`) 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 
 # The most answers one request may ask for (the engine's own limit: SamplingParams' rule for n).
@@ -37,7 +38,7 @@ def invalid(param: str, rule: str) -> ApiError:
 
 @dataclass
 class Generation:
-    """One request to Triton, as read from an OpenAI body: the prompt, the SDK's sampling keywords, and how to answer."""
+    """One request to Triton, as read from an OpenAI body: the prompt, the SDK's sampling keywords, how to answer."""
 
     prompt: str
     sampling: dict
@@ -49,15 +50,25 @@ class Generation:
     forced_tool: str | None = None  # tool_choice naming a function: the prompt already holds its name
 
 
+INT32_MAX = 2**31 - 1  # the integer settings travel to Triton as INT32 tensors
+
+
 def _number(body: dict, name: str, kind=float, low=None, high=None):
+    """A number field, None when absent; `kind` int: a whole number within INT32 unless `high` says otherwise."""
     value = body.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not float(value).is_integer()):
-        raise invalid(name, f"must be {'an integer' if kind is int else 'a number'}, got {json.dumps(value)[:40]}")
+    finite = isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
+    whole = isinstance(value, int) or (finite and value.is_integer())
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not finite or (kind is int and not whole):
+        raise invalid(name, f"must be {'an integer' if kind is int else 'a finite number'}, got "
+                      f"{json.dumps(value)[:40]}")
+    if kind is int and high is None:
+        high = INT32_MAX
     if (low is not None and value < low) or (high is not None and value > high):
-        raise invalid(name, f"must lie in [{low}, {high}], got {value}" if high is not None else
-                      f"must be at least {low}, got {value}")
+        shown = str(value) if abs(value) < 1e15 else f"{value:.3g}"
+        raise invalid(name, f"must lie in [{low}, {high}], got {shown}" if high is not None else
+                      f"must be at least {low}, got {shown}")
     return kind(value)
 
 
@@ -104,7 +115,9 @@ def sampling_keywords(body: dict, max_tokens_field: str) -> tuple[dict, int]:
     if max_tokens is None and max_tokens_field != "max_tokens":
         max_tokens = _number(body, "max_tokens", int, 1)
     n = _number(body, "n", int, 1, MAX_N) or 1
-    seed = _number(body, "seed", int)
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise invalid("seed", "must be an integer")
     sampling = {
         "max_tokens": max_tokens,
         "temperature": _number(body, "temperature", float, 0, 2),

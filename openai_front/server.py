@@ -286,7 +286,8 @@ class Reply:
                 choices.append({"index": index, "message": message, "logprobs": logprobs,
                                 "finish_reason": "tool_calls" if calls else answer.finish_reason})
             else:
-                logprobs = self._completion_logprobs(answer.tokens, len(self.echo)) if self.generation.logprobs else None
+                logprobs = (self._completion_logprobs(answer.tokens, len(self.echo)) if self.generation.logprobs
+                            else None)
                 choices.append({"index": index, "text": text, "logprobs": logprobs,
                                 "finish_reason": answer.finish_reason})
         return {**self.base, "object": "chat.completion" if self.chat else "text_completion", "choices": choices,

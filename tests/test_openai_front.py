@@ -141,6 +141,15 @@ def test_glm4_tool_calls_are_recognised_in_answers():
     ({"model": "glm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**9}, 400, None),
     ({"model": "glm", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
      "messages[0].content"),
+    ({"model": "glm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**40}, 400, "max_tokens"),
+    ({"model": "glm", "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, 400, "temperature"),
+    ({"model": "glm", "messages": [{"role": "user", "content": "hi"}], "seed": "x"}, 400, "seed"),
+    ({"model": "glm", "messages": [{"role": "user", "content": "hi"}], "stream": "yes"}, 400, "stream"),
+    ({"model": "glm", "messages": [{"role": "user", "content": "hi"}], "n": 65}, 400, "n"),
+    ({"model": "glm", "messages": []}, 400, "messages"),
+    ({"messages": [{"role": "user", "content": "hi"}]}, 400, "model"),
+    ({"model": "glm", "messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER],
+      "tool_choice": {"type": "function", "function": {"name": "launch"}}}, 400, "tool_choice"),
 ])
 def test_errors_have_openais_shape_and_status(front, body, status, param):
     response = requests.post(f"{front}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"})

@@ -52,6 +52,10 @@ def test_tensorrt_llm_end_to_end_client_hears_what_is_not_supported(triton_serve
                            triton_server.grpc_url, "-p", "x", "-o", "4", "--beam-width", "2"],
                           capture_output=True, text=True, timeout=120)
     assert "input 'beam_width' must be 1 (not supported: beam search)" in done.stdout
+    batched = subprocess.run([sys.executable, os.path.join(TRTLLM_CLIENTS, "end_to_end_grpc_client.py"), "-u",
+                              triton_server.grpc_url, "-p", '["one", "two"]', "-o", "4", "--batch-inputs"],
+                             capture_output=True, text=True, timeout=120)
+    assert "one prompt per request, got 2: send each prompt as a request of its own" in batched.stdout
 
 
 @pytest.mark.parametrize("options", [["--streaming"], ["--num-return-sequences", "2", "--top-k", "5"],
@@ -105,7 +109,8 @@ def vllm_request(url: str, settings: dict, stream: bool, switches=("return_finis
     client = grpcclient.InferenceServerClient(url)
     client.start_stream(callback=lambda result, error: results.put((result, error)))
     client.async_stream_infer("vllm_model", inputs, request_id="vllm-outputs",
-                              outputs=None if outputs is None else [grpcclient.InferRequestedOutput(o) for o in outputs])
+                              outputs=None if outputs is None else
+                              [grpcclient.InferRequestedOutput(name) for name in outputs])
     client.stop_stream()
     responses = []
     while not results.empty():

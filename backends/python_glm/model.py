@@ -1,7 +1,7 @@
 """Triton's entry point for the `python_glm` backend: one TritonPythonModel for every model that names it.
 
-A model's `role` parameter picks the adapter: `preprocessing`, `glm`, `postprocessing`, `bls` or `vllm`. The adapters are thin
-(triton_glm/); the work is done by the Triton-free engine package beside them (glm_engine/).
+A model's `role` parameter picks the adapter: `preprocessing`, `glm`, `postprocessing`, `bls` or `vllm`. The adapters
+are thin (triton_glm/); the work is done by the Triton-free engine package beside them (glm_engine/).
 """
 
 import json

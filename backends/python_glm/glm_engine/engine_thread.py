@@ -55,8 +55,9 @@ class EngineThread:
 
     def submit(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                on_output: OutputCallback, leader_id: str | None = None) -> None:
-        """Queue a request (`leader_id`: see LLMEngine.add_request). Raises at once, on the caller's thread: ValueError if it can never be served, Overloaded
-        if the engine's admission limits refuse it now, Unavailable if the engine is draining."""
+        """Queue a request (`leader_id`: see LLMEngine.add_request). Raises at once, on the caller's thread:
+        ValueError if it can never be served, Overloaded if the engine's admission limits refuse it now, Unavailable
+        if the engine is draining."""
         if self._drain_deadline is not None:
             raise Unavailable(SHUTTING_DOWN)
         self.engine.check_request(prompt_token_ids, params)

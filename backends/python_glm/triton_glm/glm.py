@@ -153,6 +153,9 @@ class GlmEngineModel:
     def _parse(self, request) -> tuple[list[int], SamplingParams, bool, bool]:
         ids = required_array(request, "input_ids")
         lengths = required_array(request, "input_lengths")
+        if ids.ndim == 2 and ids.shape[0] > 1:
+            raise InputError(f"one prompt per request, got {ids.shape[0]}: send each prompt as a request of its own "
+                             "(the engine batches them)")
         if ids.ndim != 2 or ids.shape[0] != 1 or lengths.size != 1:
             raise InputError(f"one prompt per request: input_ids must be [1, tokens], got {list(ids.shape)}")
         length = int(lengths.reshape(-1)[0])

@@ -156,7 +156,8 @@ REQUEST_INPUTS = (
     _unsupported("lora_config", "INT32", "LoRA adapters", dims=(-1, 3)),
     _unsupported("guided_decoding_guide_type", "STRING", "guided decoding", rule="must be empty", accepts=_no_text),
     _unsupported("guided_decoding_guide", "STRING", "guided decoding", rule="must be empty", accepts=_no_text),
-    _unsupported("decoder_text_input", "STRING", "encoder-decoder models' decoder input", rule="must be empty", accepts=_no_text),
+    _unsupported("decoder_text_input", "STRING", "encoder-decoder models' decoder input", rule="must be empty",
+                 accepts=_no_text),
 )
 
 # Keys of sampling_parameters that no tensor input has.
