@@ -11,7 +11,8 @@ import socket
 import openai
 import pytest
 import requests
-from support.server import OPENAI_API_KEY, metric, metrics, wait_for
+from support.checkpoints import make_tool_calling_checkpoint
+from support.server import OPENAI_API_KEY, metric, metrics, running_openai_front, running_server, wait_for
 
 from clients import ChatTemplate, GrpcClient
 from glm_engine.tokenizer import GlmTokenizer
@@ -120,6 +121,45 @@ def test_a_forced_tool_call_and_the_tool_result_round_trip(client, demo_model_di
                 "<|observation|>\nsunny, 21 °C<|assistant|>")
     assert second.usage.prompt_tokens == prompt_tokens(demo_model_dir, rendered)
     assert second.choices[0].message.tool_calls is None
+
+
+def test_a_streamed_tool_call_comes_as_openai_streams_one(client):
+    chunks = list(client.chat.completions.create(
+        model="glm", messages=[{"role": "user", "content": "Weather in Paris?"}], tools=[WEATHER], max_tokens=8,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}}, stream=True))
+    assert not any(c.choices[0].delta.content for c in chunks)  # held back: the answer is the call's arguments
+    (last,) = [c for c in chunks if c.choices[0].finish_reason]
+    assert last.choices[0].finish_reason == "tool_calls"
+    (call,) = last.choices[0].delta.tool_calls
+    assert call.index == 0 and call.id.startswith("call_") and call.function.name == "get_weather"
+
+
+@pytest.fixture(scope="module")
+def tool_caller(demo_model_dir, tmp_path_factory):
+    """An OpenAI client of a server whose model calls get_weather({"days": 3}) whenever it answers (a bigram stub:
+    support.checkpoints.make_tool_calling_checkpoint)."""
+    model_dir = make_tool_calling_checkpoint(str(tmp_path_factory.mktemp("tool-caller")), demo_model_dir)
+    with running_server(model_dir, str(tmp_path_factory.mktemp("tool-server"))) as server, \
+            running_openai_front(server, model_dir) as url:
+        yield openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
+
+
+def test_a_call_the_model_writes_becomes_tool_calls(tool_caller):
+    question = [{"role": "user", "content": "Weather for the next days?"}]
+    plain = tool_caller.chat.completions.create(model="glm", messages=question, max_tokens=20, temperature=0)
+    assert plain.choices[0].message.content == 'get_weather\n{"days": 3}'  # without tools, it is only text
+    reply = tool_caller.chat.completions.create(model="glm", messages=question, tools=[WEATHER], max_tokens=20,
+                                                temperature=0)
+    (call,) = reply.choices[0].message.tool_calls
+    assert reply.choices[0].finish_reason == "tool_calls" and reply.choices[0].message.content is None
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"days": 3}
+
+    chunks = list(tool_caller.chat.completions.create(model="glm", messages=question, tools=[WEATHER],
+                                                      max_tokens=20, temperature=0, stream=True))
+    assert not any(c.choices[0].delta.content for c in chunks)  # it might have been a call, and was
+    (streamed,) = [c.choices[0].delta.tool_calls for c in chunks if c.choices[0].delta.tool_calls][0]
+    assert streamed.function.name == "get_weather" and streamed.function.arguments == call.function.arguments
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
 def test_glm4_tool_calls_are_recognised_in_answers():

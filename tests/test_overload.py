@@ -12,6 +12,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import openai
 import pytest
 import requests
 import tritonclient.grpc as grpcclient
@@ -19,7 +20,7 @@ import tritonclient.http as httpclient
 from support import REPO
 from support.checkpoints import make_tiny_checkpoint
 from support.reference import prompts
-from support.server import metric, metrics, running_server, wait_for
+from support.server import OPENAI_API_KEY, metric, metrics, running_openai_front, running_server, wait_for
 from tritonclient.utils import InferenceServerException
 
 from clients import HttpClient, OverloadedError
@@ -178,3 +179,28 @@ def test_the_load_tests_count_refused_requests_apart_from_failures(small_server,
     assert run["failures"] == 0 and run["overloaded"] > 0 and run["requests"] > 0, run
     refused = {name: entry["requests"] for name, entry in run["entries"].items() if name.endswith(" overloaded")}
     assert sum(refused.values()) == run["overloaded"], refused
+
+
+@pytest.mark.integration
+def test_the_openai_front_answers_overload_with_429_and_the_others_are_served(small_server, demo_model_dir):
+    """OpenAI's SDKs retry a 429; with retries off, the refused ones see it, the others are answered in full."""
+    with running_openai_front(small_server, demo_model_dir) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key=OPENAI_API_KEY, max_retries=0)
+
+        def chat(index: int):
+            try:
+                reply = client.chat.completions.create(
+                    model="glm", messages=[{"role": "user", "content": f"request {index}"}], max_tokens=200,
+                    extra_body={"ignore_eos": True})
+                return reply.usage.completion_tokens
+            except openai.RateLimitError as error:
+                return error
+
+        with ThreadPoolExecutor(16) as pool:
+            results = list(pool.map(chat, range(16)))
+    refused = [result for result in results if isinstance(result, openai.RateLimitError)]
+    assert refused and results.count(200) >= 2 and len(refused) + results.count(200) == 16, results
+    for error in refused:
+        assert error.status_code == 429 and error.body["code"] == "overloaded"
+        assert "the server is overloaded" in error.body["message"]
+    assert small_server.is_ready() and wait_for(lambda: metric(metrics(small_server), "glm_kv_blocks_used") == 0)

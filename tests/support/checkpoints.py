@@ -20,3 +20,43 @@ def make_tiny_checkpoint(directory: str, model_type: str, seed: int = 0) -> tupl
     model = model_class(config_class(**TINY)).eval()
     model.save_pretrained(directory)
     return directory, model
+
+
+def make_tool_calling_checkpoint(directory: str, demo_dir: str, call: str = 'get_weather\n{"days": 3}') -> str:
+    """A stub of a model that calls a tool, for the OpenAI front's tests: the demo checkpoint's tokenizer and shape,
+    with weights that make it a bigram model answering every `<|assistant|>` turn with `call` (GLM-4's form of a
+    function call: name, newline, JSON arguments) and then `<|observation|>`, one of its end tokens.
+
+    Every layer's output projections (o_proj, down_proj) are zero, so the last hidden state is the current token's
+    embedding; each token of the chain gets a direction of its own, and the LM head row of its successor that
+    direction, so greedy decoding follows the chain with a logit margin of about 30."""
+    import json
+    import os
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    from tokenizers import Tokenizer
+
+    os.makedirs(directory, exist_ok=True)
+    for name in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(os.path.join(demo_dir, name), os.path.join(directory, name))
+    tokenizer = Tokenizer.from_file(os.path.join(demo_dir, "tokenizer.json"))
+    chain = [tokenizer.token_to_id("<|assistant|>"), *tokenizer.encode(call, add_special_tokens=False).ids,
+             tokenizer.token_to_id("<|observation|>")]
+    if len(set(chain[:-1])) != len(chain) - 1:
+        raise ValueError(f"a bigram model needs each token of {call!r} once: {chain}")
+    with open(os.path.join(demo_dir, "config.json")) as f:
+        hidden = json.load(f)["hidden_size"]
+    weights = load_file(os.path.join(demo_dir, "model.safetensors"))
+    for name, tensor in weights.items():
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            tensor.zero_()
+    generator = torch.Generator().manual_seed(0)
+    directions = torch.randn(len(chain) - 1, hidden, generator=generator)
+    directions *= hidden ** 0.5 / directions.norm(dim=1, keepdim=True)  # RMS 1: the final norm leaves them as they are
+    weights["lm_head.weight"] *= 0.01
+    for direction, token, successor in zip(directions, chain, chain[1:]):
+        weights["model.embed_tokens.weight"][token] = direction
+        weights["lm_head.weight"][successor] += direction * (30.0 / hidden)
+    save_file(weights, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+    return directory
