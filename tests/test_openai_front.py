@@ -16,6 +16,7 @@ from support.server import OPENAI_API_KEY, metric, metrics, running_openai_front
 
 from clients import ChatTemplate, GrpcClient
 from glm_engine.tokenizer import GlmTokenizer
+from glm_tools.launcher import free_port, start_openai_front
 from openai_front.chat import might_become_a_call, tool_calls_in
 
 KEY = OPENAI_API_KEY
@@ -201,6 +202,26 @@ def test_errors_have_openais_shape_and_status(front, body, status, param):
 def test_a_body_that_is_not_json_is_a_400(front):
     response = requests.post(f"{front}/v1/completions", data=b"{oops", headers={"Authorization": f"Bearer {KEY}"})
     assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_without_a_triton_server_the_front_says_503(demo_model_dir):
+    port = free_port()
+    front = start_openai_front(f"127.0.0.1:{free_port()}", port, model_dir=demo_model_dir)  # nobody on that port
+    try:
+        url = f"http://127.0.0.1:{port}"
+
+        def health() -> int:
+            try:
+                return requests.get(f"{url}/health", timeout=5).status_code
+            except requests.ConnectionError:
+                return 0
+
+        assert wait_for(lambda: health() == 503, timeout=30)
+        response = requests.post(f"{url}/v1/completions", json={"model": "glm", "prompt": "hi"}, timeout=30)
+        assert response.status_code == 503 and response.json()["error"]["code"] == "unavailable"
+    finally:
+        front.terminate()
+        front.wait(timeout=30)
 
 
 def test_a_client_that_goes_away_frees_its_kv_blocks(front, triton_server):
