@@ -133,9 +133,8 @@ class OpenAiFront:
         sampling, n = sampling_keywords(body, "max_tokens")
         stream, include_usage = stream_options(body)
         logprobs = body.get("logprobs")
-        if logprobs not in (None, 0, 1) and not (isinstance(logprobs, int) and not isinstance(logprobs, bool)):
-            raise invalid("logprobs", "must be an integer")
-        if logprobs and logprobs > 1:
+        if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
+                                     or not 0 <= logprobs <= 1):
             raise invalid("logprobs", "must be 0 or 1: this server reports only the chosen tokens' log-probs")
         sampling["return_log_probs"] = bool(logprobs) or None
         echo = body.get("echo") is True

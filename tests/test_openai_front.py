@@ -199,6 +199,13 @@ def test_errors_have_openais_shape_and_status(front, body, status, param):
     assert error["message"] and error["param"] == param and "Traceback" not in error["message"]
 
 
+@pytest.mark.parametrize("logprobs", [5, -1, "yes"])
+def test_completion_logprobs_beyond_the_chosen_token_are_refused(front, logprobs):
+    response = requests.post(f"{front}/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
+                             json={"model": "glm", "prompt": "hi", "logprobs": logprobs})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "logprobs"
+
+
 def test_a_body_that_is_not_json_is_a_400(front):
     response = requests.post(f"{front}/v1/completions", data=b"{oops", headers={"Authorization": f"Bearer {KEY}"})
     assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_request_error"
