@@ -24,19 +24,23 @@ def glm_messages(messages) -> list[dict]:
     turns = []
     for index, message in enumerate(messages):
         where = f"messages[{index}]"
-        if not isinstance(message, dict) or message.get("role") not in ROLES:
+        role = message.get("role") if isinstance(message, dict) else None
+        if not isinstance(role, str) or role not in ROLES:
             raise invalid(f"{where}.role", f"must be one of {', '.join(ROLES)}")
-        role = ROLES[message["role"]]
+        role = ROLES[role]
         content = text_of_content(message.get("content"), f"{where}.content")
         calls = message.get("tool_calls") or [] if role == "assistant" else []
+        if not isinstance(calls, list):
+            raise invalid(f"{where}.tool_calls", "must be a list")
         if content or not calls:
             turns.append({"role": role, "content": content})
         for call in calls:
             function = call.get("function") if isinstance(call, dict) else None
             if not isinstance(function, dict) or not isinstance(function.get("name"), str):
                 raise invalid(f"{where}.tool_calls", "must be a list of {\"function\": {\"name\", \"arguments\"}}")
+            arguments = function.get("arguments") or "{}"
             turns.append({"role": "assistant", "metadata": function["name"],
-                          "content": function.get("arguments") or "{}"})
+                          "content": arguments if isinstance(arguments, str) else json.dumps(arguments)})
     return turns
 
 
@@ -52,8 +56,9 @@ def tool_settings(body: dict) -> tuple[list[dict], str | None]:
         return [], None
     if choice in ("auto", "required"):  # "required" cannot be enforced without guided decoding: treated as auto
         return tools, None
-    name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
-    if name is None:
+    function = choice.get("function") if isinstance(choice, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(name, str):
         raise invalid("tool_choice", "must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
                       "\"function\": {\"name\": ...}}")
     if name not in {t["function"]["name"] for t in tools}:

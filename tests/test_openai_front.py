@@ -11,6 +11,8 @@ import socket
 import openai
 import pytest
 import requests
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from support.checkpoints import make_tool_calling_checkpoint
 from support.server import OPENAI_API_KEY, metric, metrics, running_openai_front, running_server, wait_for
 
@@ -189,6 +191,11 @@ def test_glm4_tool_calls_are_recognised_in_answers():
     ({"model": "glm", "messages": [{"role": "user", "content": "hi"}], "n": 65}, 400, "n"),
     ({"model": "glm", "messages": []}, 400, "messages"),
     ({"messages": [{"role": "user", "content": "hi"}]}, 400, "model"),
+    ({"model": "glm", "messages": [{"role": ["user"], "content": "hi"}]}, 400, "messages[0].role"),
+    ({"model": "glm", "messages": [{"role": "assistant", "content": None, "tool_calls": "get_weather"}]}, 400,
+     "messages[0].tool_calls"),
+    ({"model": "glm", "messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER],
+      "tool_choice": {"type": "function", "function": "get_weather"}}, 400, "tool_choice"),
     ({"model": "glm", "messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER],
       "tool_choice": {"type": "function", "function": {"name": "launch"}}}, 400, "tool_choice"),
 ])
@@ -244,3 +251,27 @@ def test_a_client_that_goes_away_frees_its_kv_blocks(front, triton_server):
             received += connection.recv(4096)
         assert wait_for(lambda: metric(metrics(triton_server), "glm_kv_blocks_used") > 0, timeout=10)
     assert wait_for(lambda: metric(metrics(triton_server), "glm_kv_blocks_used") == 0, timeout=20)
+
+
+JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=True)
+                           | st.text(max_size=12), lambda inner: st.lists(inner, max_size=3)
+                           | st.dictionaries(st.text(max_size=8), inner, max_size=3), max_leaves=6)
+FIELDS = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "seed", "stop", "stream",
+          "stream_options", "logprobs", "top_logprobs", "presence_penalty", "frequency_penalty", "tools",
+          "tool_choice", "top_k", "min_tokens", "ignore_eos", "response_format", "user", "logit_bias", "echo")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(fields=st.dictionaries(st.sampled_from(FIELDS), JSON_VALUES, max_size=5),
+       messages=st.one_of(JSON_VALUES, st.just([{"role": "user", "content": "hi"}])))
+def test_hostile_bodies_get_an_answer_or_a_named_400_never_a_500(front, fields, messages):
+    for name in ("max_tokens", "max_completion_tokens"):  # legal lengths stay short: this is not a load test
+        if isinstance(fields.get(name), int) and not isinstance(fields[name], bool):
+            fields[name] = min(fields[name], 8)
+    body = {"model": "glm", "messages": messages, **fields}
+    response = requests.post(f"{front}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"},
+                             timeout=120)
+    assert response.status_code in (200, 400), (body, response.status_code, response.text[:300])
+    if response.status_code == 400:
+        error = response.json()["error"]
+        assert error["message"] and "Traceback" not in error["message"] and "/" not in (error["param"] or "")
