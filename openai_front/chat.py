@@ -83,7 +83,7 @@ def chat_generation(body: dict, template: ChatTemplate) -> Generation:
         raise invalid("top_logprobs", "must be 0 or absent: this server reports only the chosen tokens' log-probs")
     logprobs = bool(body.get("logprobs"))
     sampling["return_log_probs"] = logprobs or None
-    return Generation(prompt, sampling, n, stream, include_usage, logprobs, tools, forced)
+    return Generation([prompt], sampling, n, stream, include_usage, logprobs, tools, forced)
 
 
 def tool_calls_in(text: str, tools: list[dict], forced: str | None) -> list[dict] | None:

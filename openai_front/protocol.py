@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 # The most answers one request may ask for (the engine's own limit: SamplingParams' rule for n).
 MAX_N = 64
+# The most prompts one completions request may carry.
+MAX_PROMPTS = 64
 
 
 class ApiError(Exception):
@@ -38,9 +40,10 @@ def invalid(param: str, rule: str) -> ApiError:
 
 @dataclass
 class Generation:
-    """One request to Triton, as read from an OpenAI body: the prompt, the SDK's sampling keywords, how to answer."""
+    """One OpenAI request, as read from its body: its prompts (one for chat; completions may send several, each its own
+    request to Triton), the SDK's sampling keywords, and how to answer."""
 
-    prompt: str
+    prompts: list[str]
     sampling: dict
     n: int = 1
     stream: bool = False
@@ -48,6 +51,7 @@ class Generation:
     logprobs: bool = False
     tools: list[dict] = field(default_factory=list)
     forced_tool: str | None = None  # tool_choice naming a function: the prompt already holds its name
+    echo: bool = False  # completions: each answer starts with its prompt
 
 
 INT32_MAX = 2**31 - 1  # the integer settings travel to Triton as INT32 tensors

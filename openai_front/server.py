@@ -25,15 +25,17 @@ from clients.errors import (GlmError, InvalidRequestError, ModelNotReadyError, O
                             ServerUnavailableError)
 
 from .chat import chat_generation, might_become_a_call, tool_calls_in
-from .protocol import ApiError, Generation, invalid, sampling_keywords, stream_options
+from .protocol import MAX_PROMPTS, ApiError, Generation, invalid, sampling_keywords, stream_options
 
 log = logging.getLogger("openai_front")
 
 
 class Answer:
-    """One choice as its pieces arrive: its text, log-probs, figures, and what has been streamed of it."""
+    """One choice as its pieces arrive: its text, log-probs, figures, and what has been streamed of it. `echo`: the
+    prompt it starts with (completions' echo)."""
 
-    def __init__(self):
+    def __init__(self, echo: str = ""):
+        self.echo = echo
         self.text = ""
         self.streamed = 0  # characters of text already sent in chunks
         self.tokens: list[tuple[str, float]] = []  # (piece text, its log-prob), with logprobs on
@@ -125,11 +127,12 @@ class OpenAiFront:
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]
-        if not isinstance(prompt, str):
-            raise invalid("prompt", "must be a string (or a list of one): send several prompts as several requests")
+        prompts = body.get("prompt")
+        prompts = [prompts] if isinstance(prompts, str) else prompts
+        if not isinstance(prompts, list) or not 1 <= len(prompts) <= MAX_PROMPTS or \
+                not all(isinstance(prompt, str) for prompt in prompts):
+            raise invalid("prompt", f"must be a string or a list of 1 to {MAX_PROMPTS} strings (token ids are not "
+                          "taken)")
         sampling, n = sampling_keywords(body, "max_tokens")
         stream, include_usage = stream_options(body)
         logprobs = body.get("logprobs")
@@ -137,9 +140,9 @@ class OpenAiFront:
                                      or not 0 <= logprobs <= 1):
             raise invalid("logprobs", "must be 0 or 1: this server reports only the chosen tokens' log-probs")
         sampling["return_log_probs"] = bool(logprobs) or None
-        echo = body.get("echo") is True
-        generation = Generation(prompt, sampling, n, stream, include_usage, bool(logprobs))
-        return await self._answer(request, generation, chat=False, echo=prompt if echo else "")
+        generation = Generation(prompts, sampling, n, stream, include_usage, bool(logprobs),
+                                echo=body.get("echo") is True)
+        return await self._answer(request, generation, chat=False)
 
     async def _body(self, request: web.Request) -> dict:
         try:
@@ -156,33 +159,64 @@ class OpenAiFront:
         return body
 
     # -- answering ------------------------------------------------------------------------------------------------
-    async def _answer(self, request: web.Request, generation: Generation, chat: bool, echo: str = ""):
-        answers = [Answer() for _ in range(generation.n)]
-        reply = Reply(chat, self.model_name, generation, answers, echo)
-        sampling = {key: value for key, value in generation.sampling.items() if value is not None}
-        async with self.client.stream(generation.prompt, **sampling) as stream:
-            pieces = stream.pieces()
+    async def _answer(self, request: web.Request, generation: Generation, chat: bool):
+        reply = Reply(chat, self.model_name, generation)
+        pieces = self._pieces(generation)
+        try:
             if not generation.stream:
-                async for piece in pieces:
-                    reply.add(piece)
+                async for prompt_index, piece in pieces:
+                    reply.add(piece, prompt_index)
                 return web.json_response(reply.whole())
             first = await anext(pieces, None)  # an error before the first piece is still an HTTP error
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
             await response.prepare(request)
             try:
-                for piece in [first] if first is not None else []:
-                    await self._send(response, reply.add(piece))
-                async for piece in pieces:
-                    await self._send(response, reply.add(piece))
+                for prompt_index, piece in [first] if first is not None else []:
+                    await self._send(response, reply.add(piece, prompt_index))
+                async for prompt_index, piece in pieces:
+                    await self._send(response, reply.add(piece, prompt_index))
                 await self._send(response, reply.last_chunks())
                 await response.write(b"data: [DONE]\n\n")
             except (GlmError, ApiError) as exc:  # failed mid-stream: the status is sent, so the error goes in an event
                 await self._send(response, [(exc if isinstance(exc, ApiError) else api_error(exc)).body()])
                 await response.write(b"data: [DONE]\n\n")
-            except ConnectionResetError:  # the client went away: leaving the SDK's stream cancels the request
+            except ConnectionResetError:  # the client went away: leaving the SDK's streams cancels the requests
                 return response
             await response.write_eof()
             return response
+        finally:
+            await pieces.aclose()
+
+    async def _pieces(self, generation: Generation):
+        """(prompt index, piece) of each prompt's stream from Triton, all running at once, as the pieces come. The
+        first error ends them all; so does closing this generator (each stream, left, cancels its request)."""
+        sampling = {key: value for key, value in generation.sampling.items() if value is not None}
+        arrivals: asyncio.Queue = asyncio.Queue()
+
+        async def run(index: int, prompt: str) -> None:
+            try:
+                async with self.client.stream(prompt, **sampling) as stream:
+                    async for piece in stream.pieces():
+                        await arrivals.put((index, piece))
+                await arrivals.put((index, None))
+            except Exception as exc:
+                await arrivals.put((index, exc))
+
+        tasks = [asyncio.create_task(run(index, prompt)) for index, prompt in enumerate(generation.prompts)]
+        try:
+            running = len(tasks)
+            while running:
+                index, item = await arrivals.get()
+                if isinstance(item, Exception):
+                    raise item
+                if item is None:
+                    running -= 1
+                else:
+                    yield index, item
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     @staticmethod
     async def _send(response: web.StreamResponse, events: list[dict]) -> None:
@@ -195,20 +229,22 @@ class OpenAiFront:
 class Reply:
     """What one request's pieces add up to, in OpenAI's shapes: chunks while streaming, or the whole response."""
 
-    def __init__(self, chat: bool, model: str, generation: Generation, answers: list[Answer], echo: str):
+    def __init__(self, chat: bool, model: str, generation: Generation):
         self.chat = chat
         self.generation = generation
-        self.answers = answers
-        self.echo = echo
+        # n choices per prompt, in order: choice prompt_index * n + sequence_index.
+        self.answers = [Answer(prompt if generation.echo else "") for prompt in generation.prompts
+                        for _ in range(generation.n)]
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.base = {"id": self.id, "object": "chat.completion.chunk" if chat else "text_completion",
                      "created": int(time.time()), "model": model}
-        self.num_input_tokens = 0
+        self.prompt_tokens: dict[int, int] = {}  # by prompt index
 
-    def add(self, piece) -> list[dict]:
-        """Take one piece; the chunks to stream for it now."""
-        answer = self.answers[piece.sequence_index]
-        self.num_input_tokens = piece.num_input_tokens or self.num_input_tokens
+    def add(self, piece, prompt_index: int = 0) -> list[dict]:
+        """Take one piece of a prompt's answers; the chunks to stream for it now."""
+        index = prompt_index * self.generation.n + piece.sequence_index
+        answer = self.answers[index]
+        self.prompt_tokens[prompt_index] = piece.num_input_tokens or self.prompt_tokens.get(prompt_index, 0)
         answer.text += piece.text
         answer.num_output_tokens = piece.num_output_tokens
         if self.generation.logprobs and piece.text:
@@ -219,7 +255,7 @@ class Reply:
                 raise ApiError(500, "the engine failed while generating; the server's log has the details")
         if not self.generation.stream:
             return []
-        return self._new_text_chunks(piece.sequence_index, answer)
+        return self._new_text_chunks(index, answer)
 
     def _new_text_chunks(self, index: int, answer: Answer) -> list[dict]:
         chunks = []
@@ -227,13 +263,13 @@ class Reply:
             answer.started = True
             if self.chat:
                 chunks.append(self._chunk(index, {"role": "assistant", "content": ""}))
-            elif self.echo:
-                chunks.append(self._chunk(index, self.echo))
+            elif answer.echo:
+                chunks.append(self._chunk(index, answer.echo))
         held = self.chat and (self.generation.forced_tool is not None or
                               might_become_a_call(answer.text, self.generation.tools))
         if not held and len(answer.text) > answer.streamed:
             text = answer.text[answer.streamed:]
-            offset = answer.streamed + len(self.echo)
+            offset = answer.streamed + len(answer.echo)
             chunks.append(self._chunk(index, {"content": text} if self.chat else text, answer.tokens[-1:], offset))
             answer.streamed = len(answer.text)
         if answer.finish_reason is not None:
@@ -275,7 +311,7 @@ class Reply:
     def whole(self) -> dict:
         choices = []
         for index, answer in enumerate(self.answers):
-            text = self.echo + answer.text if not self.chat else answer.text
+            text = answer.echo + answer.text
             if self.chat:
                 calls = self._calls(answer)
                 message = {"role": "assistant", "content": None if calls else text}
@@ -285,7 +321,7 @@ class Reply:
                 choices.append({"index": index, "message": message, "logprobs": logprobs,
                                 "finish_reason": "tool_calls" if calls else answer.finish_reason})
             else:
-                logprobs = (self._completion_logprobs(answer.tokens, len(self.echo)) if self.generation.logprobs
+                logprobs = (self._completion_logprobs(answer.tokens, len(answer.echo)) if self.generation.logprobs
                             else None)
                 choices.append({"index": index, "text": text, "logprobs": logprobs,
                                 "finish_reason": answer.finish_reason})
@@ -298,9 +334,9 @@ class Reply:
         return tool_calls_in(answer.text, self.generation.tools, self.generation.forced_tool)
 
     def _usage(self) -> dict:
+        prompt = sum(self.prompt_tokens.values())
         completion = sum(answer.num_output_tokens for answer in self.answers)
-        return {"prompt_tokens": self.num_input_tokens, "completion_tokens": completion,
-                "total_tokens": self.num_input_tokens + completion}
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
     @staticmethod
     def _logprob_entries(tokens: list[tuple[str, float]]) -> list[dict]:

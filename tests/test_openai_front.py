@@ -106,6 +106,21 @@ def test_async_completions_with_stop_echo_and_logprobs(front):
     assert all(lp <= 0 for lp in logprobs.token_logprobs) and logprobs.text_offset[0] == len("def main():")
 
 
+def test_several_prompts_in_one_completion_request(client, demo_model_dir):
+    prompts = ["def main():", "你好", "class Config:"]
+    kwargs = dict(model="glm", max_tokens=6, temperature=0, n=2)
+    alone = [client.completions.create(prompt=prompt, **kwargs).choices[0].text for prompt in prompts]
+    together = client.completions.create(prompt=prompts, **kwargs)
+    assert [choice.index for choice in together.choices] == list(range(6))
+    assert [choice.text for choice in together.choices] == [text for text in alone for _ in range(2)]
+    assert together.usage.prompt_tokens == sum(prompt_tokens(demo_model_dir, "[gMASK]<sop>" + p) for p in prompts)
+    streamed = {}
+    for chunk in client.completions.create(prompt=prompts, stream=True, **kwargs):
+        for choice in chunk.choices:
+            streamed[choice.index] = streamed.get(choice.index, "") + choice.text
+    assert [streamed[i] for i in range(6)] == [choice.text for choice in together.choices]
+
+
 def test_a_forced_tool_call_and_the_tool_result_round_trip(client, demo_model_dir):
     question = [{"role": "user", "content": "Weather in Paris?"}]
     first = client.chat.completions.create(model="glm", messages=question, tools=[WEATHER], max_tokens=8,
@@ -181,6 +196,8 @@ def test_glm4_tool_calls_are_recognised_in_answers():
     ({"model": "glm", "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 3}, 400, "top_logprobs"),
     ({"model": "glm", "messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0].role"),
     ({"model": "glm", "messages": [{"role": "user", "content": "hi"}], "logit_bias": {"5": 3}}, 400, "logit_bias"),
+    ({"model": "glm", "prompt": [1, 2, 3]}, 400, "prompt"),
+    ({"model": "glm", "prompt": ["x"] * 65}, 400, "prompt"),
     ({"model": "glm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**9}, 400, None),
     ({"model": "glm", "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
      "messages[0].content"),
@@ -200,7 +217,8 @@ def test_glm4_tool_calls_are_recognised_in_answers():
       "tool_choice": {"type": "function", "function": {"name": "launch"}}}, 400, "tool_choice"),
 ])
 def test_errors_have_openais_shape_and_status(front, body, status, param):
-    response = requests.post(f"{front}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"})
+    endpoint = "completions" if "prompt" in body else "chat/completions"
+    response = requests.post(f"{front}/v1/{endpoint}", json=body, headers={"Authorization": f"Bearer {KEY}"})
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert error["message"] and error["param"] == param and "Traceback" not in error["message"]
