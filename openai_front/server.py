@@ -39,6 +39,7 @@ class Answer:
         self.text = ""
         self.streamed = 0  # characters of text already sent in chunks
         self.tokens: list[tuple[str, float]] = []  # (piece text, its log-prob), with logprobs on
+        self.reported = 0  # tokens whose log-probs have been streamed
         self.finish_reason: str | None = None
         self.num_output_tokens = 0
         self.started = False  # a streamed chat choice sends its role first
@@ -270,7 +271,8 @@ class Reply:
         if not held and len(answer.text) > answer.streamed:
             text = answer.text[answer.streamed:]
             offset = answer.streamed + len(answer.echo)
-            chunks.append(self._chunk(index, {"content": text} if self.chat else text, answer.tokens[-1:], offset))
+            chunks.append(self._chunk(index, {"content": text} if self.chat else text, self._unreported(answer),
+                                      offset))
             answer.streamed = len(answer.text)
         if answer.finish_reason is not None:
             chunks.append(self._final_chunk(index, answer))
@@ -286,8 +288,15 @@ class Reply:
             delta = {"content": answer.text[answer.streamed:]} if self.chat else answer.text[answer.streamed:]
         else:
             delta = {} if self.chat else ""
+        tokens, offset = self._unreported(answer), answer.streamed + len(answer.echo)
         answer.streamed = len(answer.text)
-        return self._chunk(index, delta, finish_reason="tool_calls" if calls else answer.finish_reason)
+        return self._chunk(index, delta, tokens, offset, finish_reason="tool_calls" if calls else answer.finish_reason)
+
+    @staticmethod
+    def _unreported(answer: Answer) -> list[tuple[str, float]]:
+        """The pieces whose log-probs no chunk has carried yet (several, when text was held back)."""
+        tokens, answer.reported = answer.tokens[answer.reported:], len(answer.tokens)
+        return tokens
 
     def _chunk(self, index: int, delta, tokens: list[tuple[str, float]] | None = None, offset: int = 0,
                finish_reason: str | None = None) -> dict:

@@ -70,6 +70,15 @@ def test_streaming_with_usage_gives_the_same_text(client):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 10
 
 
+def test_streamed_log_probs_cover_every_piece_once(client):
+    chunks = list(client.completions.create(model="glm", prompt="def main():", max_tokens=12, temperature=0,
+                                            logprobs=1, stream=True))
+    text = "".join(chunk.choices[0].text for chunk in chunks)
+    logprobs = [chunk.choices[0].logprobs for chunk in chunks if chunk.choices[0].logprobs]
+    assert "".join(token for lp in logprobs for token in lp.tokens) == text
+    assert all(value <= 0 for lp in logprobs for value in lp.token_logprobs)
+
+
 def test_n_answers_with_a_seed_are_different_and_reproducible(client):
     kwargs = dict(model="glm", messages=[{"role": "user", "content": "tell me"}], max_tokens=8, n=3, seed=7,
                   temperature=1.0)
