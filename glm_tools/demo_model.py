@@ -1,11 +1,13 @@
-"""Build the demo GLM-4 checkpoint in Hugging Face format, deterministically from a seed.
+"""The demo GLM-4 checkpoint in Hugging Face format: the trained one this repository ships, or random weights.
 
-Writes config.json, generation_config.json, model.safetensors (random weights), and a byte-level BPE
-tokenizer.json / tokenizer_config.json trained with `tokenizers` on text found on this machine (the Python
-standard library's sources) plus a little Chinese text in glm_tools/demo_corpus/. Needs torch, tokenizers and
-safetensors, and the clients package for GLM-4's chat template: what scripts/setup_env.sh installs.
+By default, copies the trained demo model (demo_checkpoint/, made by scripts/train_demo_model.py) to --out.
+With --random, builds one deterministically from a seed: config.json, generation_config.json, model.safetensors
+(random weights), and a byte-level BPE tokenizer.json / tokenizer_config.json trained with `tokenizers` on text
+found on this machine (the Python standard library's sources) plus a little Chinese text in glm_tools/demo_corpus/.
+The tests build random ones (build_demo_model) for their own checks. Needs torch, tokenizers and safetensors, and
+the clients package for GLM-4's chat template: what scripts/setup_env.sh installs.
 
-    python scripts/make_demo_model.py [--out checkpoints/glm-demo] [--seed 0]
+    python scripts/make_demo_model.py [--out checkpoints/glm-demo] [--random [--seed 0] [--tokenizer-from DIR]]
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ from glm_tools.launcher import DEMO_CHECKPOINT
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_OUT = DEMO_CHECKPOINT
+# The trained demo model, shipped in the repository (its weights in float16: 14 MB).
+TRAINED_CHECKPOINT = os.path.join(os.path.dirname(HERE), "demo_checkpoint")
+CHECKPOINT_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                    "model.safetensors", "training.json")
 SPECIAL_TOKENS = ["<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>",
                   "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"]
 # Small enough to run quickly on two CPU cores, shaped like GLM-4 (grouped-query attention, partial rotary).
@@ -41,14 +47,15 @@ BENCH_ARCHITECTURE = dict(hidden_size=512, intermediate_size=1376, num_hidden_la
                           num_key_value_heads=2, head_dim=64)
 
 
-def corpus_files() -> list[str]:
-    """Deterministic list of local text: the stdlib's .py files in sorted order, up to CORPUS_BYTES, plus ours."""
+def corpus_files(max_bytes: int = CORPUS_BYTES) -> list[str]:
+    """Deterministic list of local text: the stdlib's .py files in sorted order, up to max_bytes, plus ours (the
+    Chinese sample first, CHINESE_WEIGHT times)."""
     stdlib = sysconfig.get_paths()["stdlib"]
     files, total = [os.path.join(HERE, "demo_corpus", "zh.txt")] * CHINESE_WEIGHT, 0
     for root, dirs, names in os.walk(stdlib):
         dirs[:] = sorted(d for d in dirs if d not in ("site-packages", "test", "tests", "__pycache__"))
         for name in sorted(names):
-            if name.endswith(".py") and total < CORPUS_BYTES:
+            if name.endswith(".py") and total < max_bytes:
                 path = os.path.join(root, name)
                 files.append(path)
                 total += os.path.getsize(path)
@@ -136,12 +143,32 @@ def build_demo_model(out_dir: str, seed: int = 0, vocab_size: int = 8192, init_s
     return out_dir
 
 
+def copy_trained_demo_model(out_dir: str) -> str:
+    """Copy the shipped trained demo model to out_dir (the checkpoint serve.sh serves)."""
+    os.makedirs(out_dir, exist_ok=True)
+    for name in CHECKPOINT_FILES:
+        shutil.copyfile(os.path.join(TRAINED_CHECKPOINT, name), os.path.join(out_dir, name))
+    with open(os.path.join(TRAINED_CHECKPOINT, "training.json")) as f:
+        training = json.load(f)
+    print(f"[demo model] {out_dir}: the trained demo GLM-4 ({training['steps']} steps, held-out perplexity "
+          f"{training['held_out_perplexity']:.1f}; scripts/train_demo_model.py reproduces it)", flush=True)
+    return out_dir
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
+    parser.add_argument("--random", action="store_true", help="random weights from --seed instead of the trained "
+                                                              "model")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tokenizer-from", metavar="DIR",
-                        help="take this checkpoint's tokenizer instead of training one (another version of it)")
+                        help="with --random: take this checkpoint's tokenizer instead of training one (another "
+                             "version of it)")
     args = parser.parse_args(argv)
-    build_demo_model(args.out, args.seed, tokenizer_from=args.tokenizer_from)
+    if not args.random and (args.seed or args.tokenizer_from):
+        parser.error("--seed and --tokenizer-from build random weights: add --random")
+    if args.random:
+        build_demo_model(args.out, args.seed, tokenizer_from=args.tokenizer_from)
+    else:
+        copy_trained_demo_model(args.out)
     return 0

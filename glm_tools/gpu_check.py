@@ -10,8 +10,9 @@ It prints what it measures and writes JSON:
   1. kernel: the Triton-language paged decode kernel against attention.py's torch path, on random block layouts
      with GLM-4-9B's heads (32 query heads, 2 KV heads, head_dim 128, blocks of 16), in float32 and bfloat16;
   2. bandwidth: device-to-device copy of a large tensor, bytes read plus written per second;
-  3. decode: one decode step of a GLM-4-9B-shaped model (random bf16 weights, 9.4B parameters) at each batch
-     size, every sequence with --context tokens in the paged cache. Tokens/s are batch / step time, against the
+  3. decode: one decode step of a GLM-4-9B-shaped model (random bf16 weights, 9.4B parameters; then the same
+     with the engine's int8 and fp8 quantization, glm_engine/quantization.py) at each batch size, every sequence
+     with --context tokens in the paged cache. Tokens/s are batch / step time, against bf16's and against the
      bandwidth limit: the step has to read all weights and every sequence's keys and values once, so it cannot
      take less than those bytes over the measured bandwidth. The step is the model alone (no scheduling or
      sampling), timed eagerly and replayed from the engine's CUDA graphs (glm_engine/cuda_graph.py, inputs copied
@@ -37,6 +38,7 @@ import time
 import torch
 
 from glm_engine.attention import AttentionMetadata, _decode_attention
+from glm_engine.checkpoint import place_tensors
 from glm_engine.config import ModelConfig
 from glm_engine.cuda_graph import DecodeGraphs
 from glm_engine.glm_model import GlmForCausalLM
@@ -132,11 +134,13 @@ def random_checkpoint_state(config: ModelConfig, device: torch.device, dtype: to
             for name, shape in names_and_shapes.items()}
 
 
-def build_random_model(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> GlmForCausalLM:
-    """Random weights, loaded as a checkpoint would be."""
+def build_random_model(config: ModelConfig, device: torch.device, dtype: torch.dtype,
+                       quantization: str = "none") -> GlmForCausalLM:
+    """Random weights, loaded (and quantized) as a checkpoint's would be."""
     with torch.device("meta"):
-        model = GlmForCausalLM(config)
-    model.load_weights(random_checkpoint_state(config, device, dtype))
+        model = GlmForCausalLM(config, quantization)
+    state = random_checkpoint_state(config, device, dtype)
+    model.load_weights(place_tensors(state.items(), dtype, device, model.quantized_weight_names(), quantization))
     return model.eval()
 
 
@@ -155,10 +159,11 @@ def decode_inputs(config: ModelConfig, batch: int, context: int, block_size: int
 
 
 def measure_decode(config: ModelConfig, batches: list[int], context: int, device: torch.device, dtype: torch.dtype,
-                   bandwidth: float, repeats: int) -> list[dict]:
-    model = build_random_model(config, device, dtype)
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    print(f"[decode] model: {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B parameters, "
+                   bandwidth: float, repeats: int, quantization: str = "none") -> list[dict]:
+    model = build_random_model(config, device, dtype, quantization)
+    tensors = [*model.parameters(), *model.buffers()]
+    weight_bytes = sum(t.numel() * t.element_size() for t in tensors)
+    print(f"[decode] model ({quantization}): {sum(t.numel() for t in tensors) / 1e9:.2f}B values, "
           f"{weight_bytes / 1e9:.1f} GB", flush=True)
     block_size, timer = 16, Timer(device)
     results = []
@@ -193,7 +198,8 @@ def measure_decode(config: ModelConfig, batches: list[int], context: int, device
         kv_bytes = batch * context * config.num_layers * 2 * config.num_kv_heads * config.head_dim * dtype.itemsize
         floor = (weight_bytes + kv_bytes) / bandwidth
         best = min(t for t in (eager, graphed) if t is not None)
-        results.append({"batch": batch, "context": context, "step_ms_eager": eager * 1e3,
+        results.append({"quantization": quantization, "batch": batch, "context": context,
+                        "step_ms_eager": eager * 1e3,
                         "step_ms_cuda_graph": None if graphed is None else graphed * 1e3,
                         "graph_vs_eager_relative_error": graph_error, "graph_ok": graph_error <= 1e-2,
                         "tokens_per_s": batch / best, "bandwidth_limit_tokens_per_s": batch / floor,
@@ -201,6 +207,9 @@ def measure_decode(config: ModelConfig, batches: list[int], context: int, device
                         "bytes_per_step_gb": (weight_bytes + kv_bytes) / 1e9})
         print(f"[decode] {results[-1]}", flush=True)
         del kv_cache, kv_caches, graphs
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     return results
 
 
@@ -317,18 +326,24 @@ def main(argv: list[str] | None = None) -> int:
     results = {"device": name, "torch": torch.__version__, "kernel": check_kernel(device, args.smoke)}
     results["bandwidth_bytes_per_s"] = measure_bandwidth(device, 8 if args.smoke else 4096)
     dtype = torch.float32 if args.smoke else torch.bfloat16
-    results["decode"] = measure_decode(config, batches, args.context, device, dtype,
-                                       results["bandwidth_bytes_per_s"], args.repeats)
+    # bf16 weights, then INT8 and FP8 (native on Hopper, emulated on the CPU and on older GPUs).
+    results["decode"] = [row for quantization in ("none", "int8", "fp8")
+                         for row in measure_decode(config, batches, args.context, device, dtype,
+                                                   results["bandwidth_bytes_per_s"], args.repeats, quantization)]
     results["engine"] = check_engine(TINY if args.smoke else SMALL_GLM4, device, num_prompts=4 if args.smoke else 32,
                                      max_tokens=8 if args.smoke else 128)
     results["sampler"] = measure_sampler(config.vocab_size, batches, device, args.repeats)
     results["two_versions"] = check_two_versions(TINY if args.smoke else SMALL_GLM4, device)
 
-    print("\n| batch | eager ms | CUDA graph ms | tokens/s | bandwidth limit tokens/s | of limit |\n|---|---|---|---|---|---|")
+    print("\n| weights | batch | eager ms | CUDA graph ms | tokens/s | vs bf16 | bandwidth limit tokens/s | of limit |"
+          "\n|---|---|---|---|---|---|---|---|")
+    bf16 = {row["batch"]: row["tokens_per_s"] for row in results["decode"] if row["quantization"] == "none"}
     for row in results["decode"]:
         graph = "-" if row["step_ms_cuda_graph"] is None else f"{row['step_ms_cuda_graph']:.2f}"
-        print(f"| {row['batch']} | {row['step_ms_eager']:.2f} | {graph} | {row['tokens_per_s']:.0f} | "
-              f"{row['bandwidth_limit_tokens_per_s']:.0f} | {row['fraction_of_bandwidth_limit'] * 100:.0f}% |")
+        row["vs_bf16"] = row["tokens_per_s"] / bf16[row["batch"]]
+        print(f"| {row['quantization']} | {row['batch']} | {row['step_ms_eager']:.2f} | {graph} | "
+              f"{row['tokens_per_s']:.0f} | {row['vs_bf16']:.2f}x | {row['bandwidth_limit_tokens_per_s']:.0f} | "
+              f"{row['fraction_of_bandwidth_limit'] * 100:.0f}% |")
     kernel_ok = all(check["ok"] for check in results["kernel"])
     graphs_ok = all(row["graph_ok"] for row in results["decode"]) and results["engine"]["tokens_equal"]
     engine = results["engine"]

@@ -132,7 +132,7 @@ class VersionManager:
                     raise VersionError(f"version {version} exists already, for {existing}; deploy a new number")
                 note(f"{model_dir}; serving: version {traffic.stable} (loaded: {loaded})")
             with step("probe answer") as note:
-                probe, source = probe_for(model_dir)
+                probe, source = probe_for(model_dir, (parameters or {}).get("quantization", "auto"))
                 note(f"{len(probe['token_ids'])} greedy tokens for {probe['prompt']!r} ({source})")
             first_split = read_traffic(self.model_path) is None
             if first_split:  # else the new version, the newest, would take Triton's traffic
@@ -370,9 +370,10 @@ def check_checkpoint(model_dir: str) -> None:
         raise VersionError(f"the checkpoint {model_dir} has no *.safetensors weights")
 
 
-def probe_for(model_dir: str) -> tuple[dict, str]:
+def probe_for(model_dir: str, quantization: str = "auto") -> tuple[dict, str]:
     """The probe and the greedy answer the checkpoint must give: its own probe.json ({"prompt", "token_ids"}), or
-    computed here on the CPU with the engine (float32) and the checkpoint's tokenizer."""
+    computed here on the CPU with the engine (float32, with the version's quantization) and the checkpoint's
+    tokenizer."""
     path = os.path.join(model_dir, PROBE_FILE)
     if os.path.exists(path):
         with open(path) as f:
@@ -386,7 +387,7 @@ def probe_for(model_dir: str) -> tuple[dict, str]:
 
     try:
         engine = LLMEngine(EngineConfig(model_dir=model_dir, device="cpu", dtype="float32", num_kv_blocks=16,
-                                        max_num_seqs=1))
+                                        max_num_seqs=1, quantization=quantization))
         prompt_ids = GlmTokenizer(model_dir).encode(PROBE_PROMPT)
         answer = engine.generate([prompt_ids], SamplingParams(temperature=0.0, max_tokens=PROBE_TOKENS))[0]
     except (ValueError, OSError) as exc:

@@ -6,10 +6,11 @@
 
 (run ./scripts/setup_env.sh requirements-test.txt once first: it installs transformers, the baseline). It measures, on one fixed, seeded mix
 of prompt lengths (16-512 tokens) and output lengths (16-256), every request running to its own length:
-  - output tokens/s of the engine offline (all requests submitted at once; greedy, and sampling with GLM-4's
-    default temperature 0.8 and top_p 0.8), of transformers' generate() (greedy)
+  - output tokens/s of the engine offline (all requests submitted at once; greedy, greedy with int8 weights and
+    activations, and sampling with GLM-4's default temperature 0.8 and top_p 0.8), of transformers' generate() (greedy)
     (a) one request at a time and (b) in static left-padded batches of --batch-size, and of the engine through
-    the real tritonserver with one streaming gRPC client per request, all at once;
+    the real tritonserver with one streaming gRPC client per request, all at once (float32, and int8: the int8 runs
+    are compared with the float32 ones of the same round);
   - time to first token and inter-token latency (P50/P99) of the Triton run, as its clients see them;
   - KV waste at the engine's peak: allocated minus used token slots, over allocated;
   - the prefix-cache speed-up: time to first token of a request with a 1,000-token prefix, cold and then warm.
@@ -33,7 +34,7 @@ import torch
 
 from glm_engine import EngineConfig, LLMEngine, SamplingParams
 from glm_tools.demo_model import BENCH_ARCHITECTURE, build_demo_model
-from glm_tools.launcher import TritonServer, free_port
+from glm_tools.launcher import TritonServer, free_port, model_repository_with
 
 def workload(num_requests: int, vocab: int, seed: int = 0) -> list[tuple[list[int], int]]:
     """(prompt token ids, output length) pairs; special tokens (ids < 16) are left out of prompts."""
@@ -50,9 +51,10 @@ def percentile(values: list[float], q: float) -> float:
 GLM4_SAMPLING = dict(temperature=0.8, top_p=0.8)
 
 
-def bench_engine_offline(model_dir: str, requests, sampling: dict | None = None) -> dict:
+def bench_engine_offline(model_dir: str, requests, sampling: dict | None = None, quantization: str = "none") -> dict:
     """Greedy, or with `sampling` settings (each request seeded by its index)."""
-    engine = LLMEngine(EngineConfig(model_dir=model_dir, max_num_seqs=len(requests), num_kv_blocks=4096))
+    engine = LLMEngine(EngineConfig(model_dir=model_dir, max_num_seqs=len(requests), num_kv_blocks=4096,
+                                    quantization=quantization))
     for index, (prompt, length) in enumerate(requests):
         settings = dict(sampling, seed=index) if sampling else {}
         engine.add_request(f"b{index}", prompt, SamplingParams(max_tokens=length, stop_token_ids=(), **settings))
@@ -110,13 +112,17 @@ def bench_prefix_cache(model_dir: str, prefix_len: int = 1000) -> dict:
     return {"prefix_tokens": prefix_len, "ttft_cold_s": cold, "ttft_warm_s": warm, "speedup": cold / warm}
 
 
-def bench_triton(model_dir: str, requests, outputs=("output_ids", "sequence_length")) -> dict:
+def bench_triton(model_dir: str, requests, outputs=("output_ids", "sequence_length"),
+                 quantization: str = "none") -> dict:
     """One gRPC streaming client per request against the glm model, all started at once. Like TensorRT-LLM's
     streaming client, each asks for the outputs it reads (None: all of them)."""
     import tritonclient.grpc as grpcclient
 
-    log_path = os.path.join(tempfile.mkdtemp(), "tritonserver.log")
-    with TritonServer(free_port(), free_port(), free_port(), model_dir=model_dir, log_path=log_path) as server:
+    work_dir = tempfile.mkdtemp()
+    log_path = os.path.join(work_dir, "tritonserver.log")
+    repository = model_repository_with({"quantization": quantization}, work_dir)
+    with TritonServer(free_port(), free_port(), free_port(), model_dir=model_dir, log_path=log_path,
+                      model_repository=repository) as server:
         server.wait_ready()
         results = [None] * len(requests)
         barrier = threading.Barrier(len(requests) + 1)
@@ -170,8 +176,10 @@ def bench_triton(model_dir: str, requests, outputs=("output_ids", "sequence_leng
 
 
 # The runs whose output tokens/s are compared, in the order of the table.
-RUNS = ("engine_through_triton", "engine_offline", "engine_offline_sampled", "transformers_static_batches",
-        "transformers_one_at_a_time")
+RUNS = ("engine_through_triton", "engine_through_triton_int8", "engine_offline", "engine_offline_int8",
+        "engine_offline_sampled", "transformers_static_batches", "transformers_one_at_a_time")
+# Quantized runs against the float32 run of the same round: (quantized, float).
+QUANTIZED_PAIRS = (("engine_offline_int8", "engine_offline"), ("engine_through_triton_int8", "engine_through_triton"))
 BASELINES = ("transformers_one_at_a_time", "transformers_static_batches")
 
 
@@ -179,11 +187,13 @@ def measurements(model_dir: str, requests, batch_size: int) -> dict:
     """Every measurement by name, in the order a round runs them."""
     return {
         "engine_offline": lambda: bench_engine_offline(model_dir, requests),
+        "engine_offline_int8": lambda: bench_engine_offline(model_dir, requests, quantization="int8"),
         "engine_offline_sampled": lambda: bench_engine_offline(model_dir, requests, GLM4_SAMPLING),
         "transformers_one_at_a_time": lambda: bench_transformers(model_dir, requests, 1),
         "transformers_static_batches": lambda: bench_transformers(model_dir, requests, batch_size),
         "prefix_cache": lambda: bench_prefix_cache(model_dir),
         "engine_through_triton": lambda: bench_triton(model_dir, requests),
+        "engine_through_triton_int8": lambda: bench_triton(model_dir, requests, quantization="int8"),
     }
 
 
@@ -213,9 +223,14 @@ def summarize(rounds: list[dict]) -> dict:
         for baseline, key in zip(BASELINES, ("vs_one_at_a_time", "vs_static_batches")):
             if baseline in done:
                 summary[name][key] = median([r[name]["tokens_per_s"] / r[baseline]["tokens_per_s"] for r in rounds])
-    if "engine_through_triton" in done:
-        summary["engine_through_triton"].update({key: median([r["engine_through_triton"][key] for r in rounds])
-                                                 for key in ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s")})
+    for name in ("engine_through_triton", "engine_through_triton_int8"):
+        if name in done:
+            summary[name].update({key: median([r[name][key] for r in rounds])
+                                  for key in ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s")})
+    for quantized, plain in QUANTIZED_PAIRS:
+        if {quantized, plain} <= done:
+            summary[quantized]["vs_float32"] = median([r[quantized]["tokens_per_s"] / r[plain]["tokens_per_s"]
+                                                       for r in rounds])
     if {"engine_offline", "engine_offline_sampled"} <= done:
         summary["sampled_vs_greedy"] = median([r["engine_offline_sampled"]["tokens_per_s"]
                                                / r["engine_offline"]["tokens_per_s"] for r in rounds])
@@ -240,10 +255,15 @@ def print_summary(summary: dict, num_rounds: int) -> None:
             rate = f"{row['tokens_per_s']:.0f}" + (f" ({low:.0f}-{high:.0f})" if spread else "")
             ratios = [f"{row[key]:.2f}x" if key in row else "-" for key in ("vs_one_at_a_time", "vs_static_batches")]
             print(f"| {name} | {rate} | {' | '.join(ratios)} |")
-    if "engine_through_triton" in summary:
-        t = summary["engine_through_triton"]
-        print(f"\nThrough Triton: TTFT P50 {t['ttft_p50_s'] * 1000:.0f} ms, P99 {t['ttft_p99_s'] * 1000:.0f} ms; "
-              f"ITL P50 {t['itl_p50_s'] * 1000:.0f} ms, P99 {t['itl_p99_s'] * 1000:.0f} ms")
+    for name in ("engine_through_triton", "engine_through_triton_int8"):
+        if name in summary:
+            t = summary[name]
+            label = " (int8)" if name.endswith("int8") else ""
+            print(f"\nThrough Triton{label}: TTFT P50 {t['ttft_p50_s'] * 1000:.0f} ms, P99 {t['ttft_p99_s'] * 1000:.0f} "
+                  f"ms; ITL P50 {t['itl_p50_s'] * 1000:.0f} ms, P99 {t['itl_p99_s'] * 1000:.0f} ms")
+    for quantized, plain in QUANTIZED_PAIRS:
+        if "vs_float32" in summary.get(quantized, {}):
+            print(f"{quantized}: {summary[quantized]['vs_float32']:.2f}x the output tokens/s of {plain} (float32)")
     if "sampled_vs_greedy" in summary:
         print(f"Sampling as GLM-4 does ({GLM4_SAMPLING}) against greedy, offline: {summary['sampled_vs_greedy']:.2f}x "
               "the output tokens/s (the transformers baselines are greedy)")
@@ -264,8 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--skip-server", action="store_true", help="offline figures only")
     parser.add_argument("--runs", help="comma-separated measurements to make (default: all); "
-                                       "engine_offline, engine_offline_sampled, transformers_one_at_a_time, "
-                                       "transformers_static_batches, prefix_cache, engine_through_triton")
+                                       "engine_offline, engine_offline_int8, engine_offline_sampled, "
+                                       "transformers_one_at_a_time, transformers_static_batches, prefix_cache, "
+                                       "engine_through_triton, engine_through_triton_int8")
     parser.add_argument("--model-dir", help="benchmark this checkpoint instead of building the benchmark model "
                                             "(prompts are drawn from its vocabulary)")
     args = parser.parse_args(argv)

@@ -19,9 +19,11 @@ def test_the_smoke_run_checks_the_kernel_and_measures_every_batch(tmp_path):
     results = json.loads(path.read_text())
     assert results["kernel"] and all(check["ok"] for check in results["kernel"])
     assert results["bandwidth_bytes_per_s"] > 0
-    assert [row["batch"] for row in results["decode"]] == [1, 2]
+    # bf16 (float32 here), int8 and fp8 weights, each at every batch size
+    assert [(row["quantization"], row["batch"]) for row in results["decode"]] == [
+        (quantization, batch) for quantization in ("none", "int8", "fp8") for batch in (1, 2)]
     for row in results["decode"]:
-        assert row["tokens_per_s"] > 0 and row["bandwidth_limit_tokens_per_s"] > 0
+        assert row["tokens_per_s"] > 0 and row["bandwidth_limit_tokens_per_s"] > 0 and row["vs_bf16"] > 0
         assert row["step_ms_cuda_graph"] is None  # CUDA graphs are timed on CUDA only
         assert row["graph_ok"]  # but their padded, fixed-buffer steps are checked here too
     engine = results["engine"]

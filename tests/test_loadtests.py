@@ -10,7 +10,9 @@ import sys
 import pytest
 
 from support import REPO
-from support.server import OPENAI_API_KEY
+from support.server import OPENAI_API_KEY, running_openai_front, running_server
+
+from glm_tools.demo_model import TRAINED_CHECKPOINT
 
 from loadtests.prompts import SYSTEM_PROMPT, RequestMix, parse_range
 from loadtests.run import duration_s
@@ -31,9 +33,19 @@ def test_the_request_mix_is_seeded_and_keeps_to_its_ranges():
         parse_range("64-16")
 
 
-def test_a_short_headless_run_of_every_user_class(triton_server, openai_front, tmp_path):
+@pytest.fixture(scope="module")
+def trained_server(tmp_path_factory):
+    """A server of the trained demo model, the one serve.sh serves (whose answers end on their own, and whose stop
+    strings occur), with its OpenAI front: (server, front URL)."""
+    with running_server(TRAINED_CHECKPOINT, str(tmp_path_factory.mktemp("trained"))) as server:
+        with running_openai_front(server, TRAINED_CHECKPOINT) as url:
+            yield server, url
+
+
+def test_a_short_headless_run_of_every_user_class(trained_server, tmp_path):
     """Bounded by requests (24), with a run time (60 s) it must not reach; sampling as GLM-4 does. One user of each
-    class."""
+    class, against the trained demo model."""
+    triton_server, openai_front = trained_server
     out = tmp_path / "results"
     completed = subprocess.run(
         [sys.executable, os.path.join(REPO, "loadtests", "run.py"), "--host", f"http://{triton_server.http_url}",

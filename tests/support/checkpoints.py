@@ -11,13 +11,14 @@ TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_la
             initializer_range=0.25, max_position_embeddings=512)
 
 
-def make_tiny_checkpoint(directory: str, model_type: str, seed: int = 0) -> tuple[str, torch.nn.Module]:
-    """Save a seeded random GLM or GLM-4 with transformers; return its directory and the reference model."""
+def make_tiny_checkpoint(directory: str, model_type: str, seed: int = 0, **overrides) -> tuple[str, torch.nn.Module]:
+    """Save a seeded random GLM or GLM-4 with transformers (TINY's settings, with `overrides`); return its directory
+    and the reference model."""
     from transformers import Glm4Config, Glm4ForCausalLM, GlmConfig, GlmForCausalLM
 
     config_class, model_class = {"glm": (GlmConfig, GlmForCausalLM), "glm4": (Glm4Config, Glm4ForCausalLM)}[model_type]
     torch.manual_seed(seed)
-    model = model_class(config_class(**TINY)).eval()
+    model = model_class(config_class(**{**TINY, **overrides})).eval()
     model.save_pretrained(directory)
     return directory, model
 

@@ -8,6 +8,7 @@ import typing
 from dataclasses import dataclass
 
 SUPPORTED_MODEL_TYPES = ("glm", "glm4")
+QUANTIZATION_METHODS = ("auto", "none", "int8", "fp8")
 
 
 class CheckpointError(ValueError):
@@ -106,6 +107,10 @@ class EngineConfig:
     device: str = "auto"
     # "auto": float32 on the CPU, bfloat16 on CUDA (float16 on GPUs without bf16).
     dtype: str = "auto"
+    # Weights of the decoder layers' projections (glm_engine/quantization.py): "none" (the dtype above), "int8"
+    # (per output channel, activations per token, integer matmuls), "fp8" (float8_e4m3fn likewise; FP8 tensor cores
+    # on CUDA 8.9+, emulated elsewhere). "auto": an FP8 checkpoint stays FP8 where the GPU runs it, else none.
+    quantization: str = "auto"
     # Tokens per KV block.
     block_size: int = 16
     # Size of the KV pool in blocks; 0 sizes it from kv_cache_memory_mb (CPU) or gpu_memory_utilization (CUDA).
@@ -180,6 +185,8 @@ class EngineConfig:
             raise ValueError(f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.quantization not in QUANTIZATION_METHODS:
+            raise ValueError(f"quantization must be {', '.join(QUANTIZATION_METHODS)}, got {self.quantization!r}")
 
 
 def parse_bool(value) -> bool:

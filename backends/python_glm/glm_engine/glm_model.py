@@ -1,7 +1,9 @@
 """The GLM / GLM-4 forward pass over a flat batch of tokens, reading and writing the paged KV cache.
 
 Parameter names match Hugging Face's, so a checkpoint loads with `load_state_dict`; load_weights() then fuses
-each layer's q/k/v projections and, on the CPU, hands Linear weights to oneDNN in its own layout.
+each layer's q/k/v projections and, on the CPU, hands float Linear weights to oneDNN in its own layout. With
+quantization (int8, fp8) the projections of every layer are QuantizedLinear layers, whose 8-bit weights and scales
+the checkpoint reader makes (glm_engine/checkpoint.py); embeddings, norms and the LM head stay in the model's dtype.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from torch import nn
 
 from .attention import AttentionMetadata, paged_attention, write_kv
 from .config import CheckpointError, ModelConfig
+from .quantization import QuantizedLinear
 
 
 class RMSNorm(nn.Module):
@@ -45,6 +48,28 @@ class Linear(nn.Linear):
         if self.packed_weight is None:
             return super().forward(x)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+
+
+def make_linear(in_features: int, out_features: int, bias: bool, quantization: str) -> nn.Module:
+    """A projection of a decoder layer: float (Linear) or 8-bit (QuantizedLinear)."""
+    if quantization == "none":
+        return Linear(in_features, out_features, bias=bias)
+    return QuantizedLinear(in_features, out_features, bias, quantization)
+
+
+def concatenate_linears(parts: list[nn.Module]) -> nn.Module:
+    """One layer computing the parts' outputs side by side: their tensors stacked along the output dimension.
+    Per-channel scales stack with their rows, so quantizing before or after fusing gives the same layer."""
+    first = parts[0]
+    quantization = first.method if isinstance(first, QuantizedLinear) else "none"
+    with torch.device("meta"):  # no memory for initial tensors: they are replaced at once
+        fused = make_linear(first.in_features, sum(p.out_features for p in parts), first.bias is not None,
+                            quantization)
+    for name, _ in first.named_parameters(recurse=False):
+        setattr(fused, name, nn.Parameter(torch.cat([getattr(p, name) for p in parts]), requires_grad=False))
+    for name, _ in first.named_buffers(recurse=False):
+        setattr(fused, name, torch.cat([getattr(p, name) for p in parts]))
+    return fused
 
 
 def can_pack_for_cpu(dtype: torch.dtype) -> bool:
@@ -86,27 +111,21 @@ class RotaryEmbedding:
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, quantization: str):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
         hidden, bias = config.hidden_size, config.attention_bias
         # Loaded under Hugging Face's names, then fused by fuse_qkv().
-        self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = Linear(self.num_heads * self.head_dim, hidden, bias=False)
+        self.q_proj = make_linear(hidden, self.num_heads * self.head_dim, bias, quantization)
+        self.k_proj = make_linear(hidden, self.num_kv_heads * self.head_dim, bias, quantization)
+        self.v_proj = make_linear(hidden, self.num_kv_heads * self.head_dim, bias, quantization)
+        self.o_proj = make_linear(self.num_heads * self.head_dim, hidden, False, quantization)
         self.scale = self.head_dim ** -0.5
 
     def fuse_qkv(self) -> None:
         """Stack the q, k and v projections: one matmul a layer instead of three, and queries and keys rotated
         together."""
-        projections = (self.q_proj, self.k_proj, self.v_proj)
-        with torch.device("meta"):  # no memory for initial weights: they are replaced at once
-            self.qkv_proj = Linear(self.q_proj.in_features, sum(p.out_features for p in projections),
-                                   bias=self.q_proj.bias is not None)
-        self.qkv_proj.weight = nn.Parameter(torch.cat([p.weight for p in projections]), requires_grad=False)
-        if self.qkv_proj.bias is not None:
-            self.qkv_proj.bias = nn.Parameter(torch.cat([p.bias for p in projections]), requires_grad=False)
+        self.qkv_proj = concatenate_linears([self.q_proj, self.k_proj, self.v_proj])
         del self.q_proj, self.k_proj, self.v_proj
 
     def forward(self, x, rotary: RotaryEmbedding, angles, kv_cache, meta: AttentionMetadata):
@@ -121,10 +140,10 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, quantization: str):
         super().__init__()
-        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_proj = make_linear(config.hidden_size, 2 * config.intermediate_size, False, quantization)
+        self.down_proj = make_linear(config.intermediate_size, config.hidden_size, False, quantization)
 
     def forward(self, x):
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -132,10 +151,10 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, quantization: str):
         super().__init__()
-        self.self_attn = Attention(config)
-        self.mlp = MLP(config)
+        self.self_attn = Attention(config, quantization)
+        self.mlp = MLP(config, quantization)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.sandwich = config.has_sandwich_norms
@@ -155,18 +174,19 @@ class DecoderLayer(nn.Module):
 
 
 class Backbone(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, quantization: str):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, quantization) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
 class GlmForCausalLM(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, quantization: str = "none"):
+        """quantization: none, int8 or fp8 (glm_engine/quantization.py) for the decoder layers' projections."""
         super().__init__()
         self.config = config
-        self.model = Backbone(config)
+        self.model = Backbone(config, quantization)
         self.rotary = RotaryEmbedding(config)
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
 
@@ -180,6 +200,11 @@ class GlmForCausalLM(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
+
+    def quantized_weight_names(self) -> set[str]:
+        """The checkpoint tensors to store in 8 bits: the weights of the QuantizedLinear layers, by their Hugging
+        Face names (before q/k/v are fused)."""
+        return {f"{name}.weight" for name, module in self.named_modules() if isinstance(module, QuantizedLinear)}
 
     def load_weights(self, state: dict[str, torch.Tensor], pack_for_cpu: bool = False) -> None:
         """Load a checkpoint's tensors; `pack_for_cpu` hands the Linear weights to oneDNN where it can."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from safetensors import safe_open
 
-from .checkpoint import safetensors_files
+from .checkpoint import SCALE_SUFFIXES, UNUSED_SUFFIXES, safetensors_files
 
 # Room kept free beside an engine's weights and KV cache: activations of a full prefill step, allocator slack.
 RESERVE_BYTES = 256 * 2**20
@@ -21,15 +21,18 @@ class InsufficientMemory(ValueError):
     """The engine would not fit; the message says how much it needs and how much there is."""
 
 
-def weight_bytes(model_dir: str, dtype: torch.dtype) -> int:
-    """The checkpoint's weights once loaded in `dtype` (read from the file headers only)."""
-    numel = 0
+def weight_bytes(model_dir: str, dtype: torch.dtype, quantized: set[str] = frozenset()) -> int:
+    """The checkpoint's weights once loaded in `dtype`, those named in `quantized` in one byte per value and a
+    float32 scale per row (read from the file headers only; an FP8 checkpoint's own scales are not kept)."""
+    total = 0
     for path in safetensors_files(model_dir):
         with safe_open(path, framework="pt", device="cpu") as f:
             for name in f.keys():
-                shape = f.get_slice(name).get_shape()
-                numel += int(torch.Size(shape).numel())
-    return numel * dtype.itemsize
+                if name.endswith(SCALE_SUFFIXES + UNUSED_SUFFIXES):
+                    continue
+                shape = torch.Size(f.get_slice(name).get_shape())
+                total += shape.numel() + 4 * shape[0] if name in quantized else shape.numel() * dtype.itemsize
+    return total
 
 
 def available_bytes(device: torch.device) -> int:

@@ -7,11 +7,12 @@ import logging
 import torch
 
 from .attention import AttentionMetadata
-from .checkpoint import load_state_dict
+from .checkpoint import load_state_dict, stored_precision
 from .config import EngineConfig, ModelConfig
 from .cuda_graph import DecodeGraphs, graph_batch_sizes
 from .glm_model import GlmForCausalLM
 from .memory import RESERVE_BYTES, available_bytes, check_fits, weight_bytes
+from .quantization import resolve_method
 from .scheduler import SchedulerOutput
 
 log = logging.getLogger(__name__)
@@ -60,13 +61,20 @@ class ModelRunner:
         if config.cpu_threads:
             torch.set_num_threads(config.cpu_threads)
         self.use_decode_kernel = decode_kernel_wanted(config.attention_backend, self.device)
+        stored = stored_precision(config.model_dir).method
+        self.quantization = resolve_method(config.quantization, stored, self.device)
+        if stored == "fp8" and config.quantization == "auto" and self.quantization == "none":
+            log.warning("the FP8 checkpoint %s is served in %s: %s has no FP8 matmuls (quantization int8 keeps the "
+                        "weights in 8 bits)", config.model_dir, self.dtype, self.device)
 
-        self._check_memory(config)
         # Built on the meta device so no memory is spent on random initial weights, then filled from the files.
         with torch.device("meta"):
-            self.model = GlmForCausalLM(model_config)
-        self.model.load_weights(load_state_dict(config.model_dir, self.dtype, self.device),
-                                pack_for_cpu=self.device.type == "cpu")
+            self.model = GlmForCausalLM(model_config, self.quantization)
+        quantized = self.model.quantized_weight_names()
+        self._check_memory(config, quantized)
+        self.model.load_weights(
+            load_state_dict(config.model_dir, self.dtype, self.device, quantized, self.quantization),
+            pack_for_cpu=self.device.type == "cpu")
         self.model.eval()
 
         use_graphs = decode_graphs_wanted(config, self.device, self.use_decode_kernel)
@@ -86,8 +94,8 @@ class ModelRunner:
                 max_blocks_per_seq=-(-max_model_len // self.block_size), scratch_block=self.num_blocks,
                 block_size=self.block_size, device=self.device, use_decode_kernel=self.use_decode_kernel,
                 record=self.device.type == "cuda")
-        log.info("model on %s (%s), KV cache %d blocks of %d tokens (%.1f MiB), decode attention: %s", self.device,
-                 self.dtype, self.num_blocks, self.block_size,
+        log.info("model on %s (%s, quantization %s), KV cache %d blocks of %d tokens (%.1f MiB), decode attention: %s",
+                 self.device, self.dtype, self.quantization, self.num_blocks, self.block_size,
                  kv_cache.numel() * kv_cache.element_size() / 2**20,
                  "Triton kernel" if self.use_decode_kernel else "torch")
 
@@ -95,7 +103,7 @@ class ModelRunner:
         mc = self.model_config
         return 2 * mc.num_layers * self.block_size * mc.num_kv_heads * mc.head_dim * self.dtype.itemsize
 
-    def _check_memory(self, config: EngineConfig) -> None:
+    def _check_memory(self, config: EngineConfig, quantized: set[str]) -> None:
         """Before anything is loaded: refuse an engine that cannot fit beside what runs already (InsufficientMemory).
         On CUDA an engine takes gpu_memory_utilization of the device's memory (weights, KV cache, activations), so two
         versions fit on one GPU when their shares do; on the CPU, its weights and kv_cache_memory_mb."""
@@ -108,7 +116,7 @@ class ModelRunner:
                        available_bytes(self.device), reserve=0)
             return
         kv_bytes = kv_bytes if kv_bytes is not None else config.kv_cache_memory_mb * 2**20
-        check_fits(what, {"weights": weight_bytes(config.model_dir, self.dtype), "KV cache": kv_bytes},
+        check_fits(what, {"weights": weight_bytes(config.model_dir, self.dtype, quantized), "KV cache": kv_bytes},
                    available_bytes(self.device))
 
     def _blocks_that_fit(self, config: EngineConfig) -> int:
