@@ -44,6 +44,24 @@ def test_bench_engine_offline_counts_every_requested_token_greedy_int8_and_sampl
     assert 0 < written["summary"]["engine_offline_int8"]["vs_float32"]
 
 
+def test_bench_quantization_measures_perplexity_agreement_and_memory(tmp_path):
+    out = tmp_path / "quality.json"
+    run_script("bench_quantization.py", "--windows", "2", "--prompts", "3", "--max-tokens", "4",
+               "--methods", "none,int8,int8+lm_head", "--json", str(out))
+    results = {row["method"]: row for row in json.loads(out.read_text())["results"]}
+    assert results["none"]["perplexity_vs_reference"] == 1 and results["none"]["identical"] == 1
+    assert 0.9 < results["int8"]["perplexity_vs_reference"] < 1.1
+    # 8-bit projections, then the LM head too: less memory each time
+    assert results["none"]["weight_bytes"] > results["int8"]["weight_bytes"] > results["int8+lm_head"]["weight_bytes"]
+
+
+def test_bench_linear_times_float_and_int8_layers(tmp_path):
+    out = tmp_path / "linear.json"
+    run_script("bench_linear.py", "--rows", "1,4", "--repeat", "1", "--json", str(out))
+    results = json.loads(out.read_text())["results"]
+    assert len(results) == 4 * 2 and all(row["int8_gflops"] > 0 and row["float32_gflops"] > 0 for row in results)
+
+
 def test_bench_output_processor_times_stop_strings_against_a_baseline(demo_model_dir, tmp_path):
     out = tmp_path / "output.json"
     run_script("bench_output_processor.py", "--model-dir", demo_model_dir, "--repeat", "1", "--baseline", "HEAD",
