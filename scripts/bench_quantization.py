@@ -24,13 +24,10 @@ import os
 import sys
 import time
 
-import torch
 from safetensors import safe_open
 from tokenizers import Tokenizer
 
 from glm_engine import EngineConfig, LLMEngine, SamplingParams
-from glm_engine.config import ModelConfig
-from glm_engine.glm_model import GlmForCausalLM
 from glm_engine.memory import weight_bytes
 from glm_engine.quantization import QuantizedLinear, quantize_weight
 from glm_tools.demo_model import TRAINED_CHECKPOINT
@@ -59,9 +56,7 @@ def measure(model_dir: str, method: str, token_windows, prompts, max_tokens: int
     ppl = perplexity(engine, token_windows)
     seconds = time.perf_counter() - started
     outputs = engine.generate(prompts, SamplingParams(max_tokens=max_tokens, stop_token_ids=()))
-    with torch.device("meta"):  # the checkpoint names this quantization stores in 8 bits
-        quantized = GlmForCausalLM(ModelConfig.from_checkpoint(model_dir), quantization).quantized_weight_names()
-    quantized |= {"lm_head.weight"} if head else set()
+    quantized = engine.runner.quantized_weight_names | ({"lm_head.weight"} if head else set())
     return {"method": method, "perplexity": ppl, "perplexity_seconds": seconds, "outputs": outputs,
             "weight_bytes": weight_bytes(model_dir, engine.runner.dtype, quantized)}
 

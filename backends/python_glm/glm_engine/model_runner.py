@@ -70,10 +70,12 @@ class ModelRunner:
         # Built on the meta device so no memory is spent on random initial weights, then filled from the files.
         with torch.device("meta"):
             self.model = GlmForCausalLM(model_config, self.quantization)
-        quantized = self.model.quantized_weight_names()
-        self._check_memory(config, quantized)
+        # Named before load_weights fuses q/k/v: the checkpoint's names (the memory check counts them too).
+        self.quantized_weight_names = self.model.quantized_weight_names()
+        self._check_memory(config, self.quantized_weight_names)
         self.model.load_weights(
-            load_state_dict(config.model_dir, self.dtype, self.device, quantized, self.quantization),
+            load_state_dict(config.model_dir, self.dtype, self.device, self.quantized_weight_names,
+                            self.quantization),
             pack_for_cpu=self.device.type == "cpu")
         self.model.eval()
 
