@@ -9,5 +9,11 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 if ! "$repo/scripts/setup_genai_perf.sh"; then
   echo "[test] genai-perf could not be installed: tests/test_genai_perf.py will be skipped" >&2
 fi
+# nginx for tests/test_bench_scripts.py's run of scripts/bench_affinity.py (skipped, saying so, without it).
+if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "[test] installing Debian's nginx-light (the session-affinity benchmark's load balancer)"
+  (apt-get install -y -qq nginx-light || (apt-get update -qq && apt-get install -y -qq nginx-light)) >/dev/null 2>&1 \
+    || echo "[test] could not install nginx-light: the session-affinity benchmark's test will be skipped" >&2
+fi
 cd "$repo"
 exec "$repo/.venv/bin/python" -m pytest tests "$@"

@@ -119,3 +119,32 @@ def test_bench_openai_measures_the_front_against_grpc_side_by_side(tmp_path):
         assert summary[way]["streams"] == 4 and summary[way]["output_tokens"] == 32, summary[way]
         assert 0 < summary[way]["ttft_ms_p50"] <= summary[way]["latency_ms_p50"]
     assert summary["ratios"]["tokens_per_s"] > 0
+
+
+def test_bench_affinity_routes_each_session_to_one_server_and_compares_policies(demo_model_dir, tmp_path):
+    import shutil
+
+    import pytest
+
+    if not (shutil.which("nginx") or os.path.exists("/usr/sbin/nginx")):
+        pytest.skip("nginx is not installed (scripts/test.sh installs Debian's nginx-light where it can)")
+    out = tmp_path / "affinity.json"
+    completed = run_script("bench_affinity.py", "--model-dir", demo_model_dir, "--conversations", "2", "--turns", "3",
+                           "--concurrency", "2", "--rounds", "1", "--prefix-words", "80", "--max-tokens", "2",
+                           "--json", str(out))
+    summary = json.loads(out.read_text())["summary"]
+    assert set(summary) == {"round_robin", "session_hash"}
+    # By session, each later turn finds the turns before it cached: about (L1 + L2) / (L1 + L2 + L3) of the tokens.
+    assert summary["session_hash"]["prefix_hit_rate"] > 0.4
+    assert all(figures["later_turns_p50_ms"] > 0 for figures in summary.values())
+    assert "round-robin over session hash" in completed.stdout
+
+
+def test_bench_compile_times_eager_against_compiled_variants(demo_model_dir, tmp_path):
+    out = tmp_path / "compile.json"
+    completed = run_script("bench_compile.py", "--model-dir", demo_model_dir, "--num-requests", "2", "--steps", "2",
+                           "--rounds", "1", "--json", str(out))
+    written = json.loads(out.read_text())
+    assert set(written["median_ms"]) == {"eager", "norms", "mlp_frozen"}
+    assert all(ms > 0 for ms in written["median_ms"].values())
+    assert "eager / variant" in completed.stdout

@@ -5,16 +5,14 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 
 import pytest
 import yaml
 
 from support import REPO
+from support.server import published_metric_names
 
 from glm_tools.launcher import DRAIN_GRACE_S, EXIT_TIMEOUT_S
-
-NGC_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"  # Triton 2.51, the release inside nvidia-pytriton 0.7.0
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +26,14 @@ def service(services):
     return services["tritonserver"]
 
 
+def dockerfile_instruction(name: str) -> list[str]:
+    """The exec-form (JSON) arguments of the Dockerfile's instruction `name`."""
+    with open(os.path.join(REPO, "Dockerfile")) as f:
+        lines = [line for line in f if line.startswith(name + " ")]
+    assert len(lines) == 1, name
+    return json.loads(lines[0][len(name) + 1:])
+
+
 def split_volume(volume: str) -> tuple[str, str]:
     """source:target[:mode] -> (source, target), where the source may be "${VARIABLE:-default}" (with a colon)."""
     split_at = volume.index("}") + 1 if volume.startswith("${") else volume.index(":")
@@ -39,42 +45,52 @@ def load(path: str):
         return json.load(f) if path.endswith(".json") else yaml.safe_load(f)
 
 
-def test_image_gpu_and_ports(service):
-    assert service["image"] == NGC_IMAGE
+def test_the_server_runs_the_image_the_dockerfile_builds_on_a_gpu(service):
+    assert service["build"] == "." and service["image"].startswith("open-autoglm:")
     devices = service["deploy"]["resources"]["reservations"]["devices"]
     assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices)
     published = {mapping.rsplit(":", 1)[1] for mapping in service["ports"]}
     assert published == {"8000", "8001", "8002"}
 
 
-def test_mounted_paths_exist_and_the_checkpoint_comes_from_the_environment(service):
+def test_mounted_paths_exist_and_the_checkpoint_comes_from_the_environment(services, service):
+    from glm_tools.demo_model import DEFAULT_OUT, TRAINED_CHECKPOINT
+
     targets = {}
     for volume in service["volumes"]:
         source, target = split_volume(volume)
         targets[target] = source
         if source.startswith("${"):
-            # Without GLM_MODEL_DIR the demo checkpoint that serve.sh / make_demo_model.py build is served; without
-            # GLM_CHECKPOINTS, new versions' checkpoints are looked for beside it.
-            from glm_tools.demo_model import DEFAULT_OUT
-
+            # Without GLM_MODEL_DIR the shipped trained demo checkpoint is served; without GLM_CHECKPOINTS, new
+            # versions' checkpoints are looked for where serve.sh and make_demo_model.py put them.
             variable, default = source[2:].rstrip("}").split(":-", 1)
-            expected = {"GLM_MODEL_DIR": DEFAULT_OUT, "GLM_CHECKPOINTS": os.path.dirname(DEFAULT_OUT)}[variable]
+            expected = {"GLM_MODEL_DIR": TRAINED_CHECKPOINT, "GLM_CHECKPOINTS": os.path.dirname(DEFAULT_OUT)}[variable]
             assert os.path.normpath(os.path.join(REPO, default)) == expected
-        else:
-            assert os.path.exists(os.path.join(REPO, source)), source
-    assert targets["/opt/tritonserver/backends/python_glm"] == "./backends/python_glm"
     assert service["environment"]["GLM_MODEL_DIR"] in targets
+    # The model repository is a named volume (filled from the image, writable by its user), at the image's path.
+    assert targets["/opt/open-autoglm/model_repository"] == "model-repository"
+    assert "model-repository" in load("docker-compose.yml")["volumes"]
+
+
+def test_nothing_is_installed_when_a_container_starts(services, service):
+    """The server and the OpenAI front run the image as built: no pip at start, no source mounted over it."""
+    for name in ("tritonserver", "openai"):
+        definition = services[name]
+        assert definition["image"] == service["image"], name
+        started = " ".join(definition.get("entrypoint", []) + definition.get("command", []))
+        assert "pip" not in started, name
+        assert not any(split_volume(v)[1].startswith(("/opt/tritonserver/backends", "/opt/open-autoglm/scripts"))
+                       for v in definition.get("volumes", [])), name
 
 
 def test_the_server_starts_through_the_shared_launcher(service):
-    """The flags live in scripts/triton_server.py (server_args), used by serve.sh, the tests and compose alike."""
-    command = shlex.split(service["command"][service["command"].index("python3"):].strip().rstrip('"'))
-    assert command[1].endswith("scripts/triton_server.py")
-    assert command[command.index("--installed-triton") + 1] == "/opt/tritonserver"
-    repository = command[command.index("--model-repository") + 1]
-    assert any(v.endswith(":" + repository) for v in service["volumes"])  # writable, for glm_versions.py
-    requirements = [v for v in service["volumes"] if "requirements-gpu.txt" in v]
-    assert requirements and "pip install" in service["command"]
+    """The flags live in scripts/triton_server.py (server_args), used by serve.sh, the tests and compose alike: the
+    image's entry point is the launcher, and compose's command adds launcher flags only."""
+    entrypoint = dockerfile_instruction("ENTRYPOINT")
+    assert entrypoint[:2] == ["python3", "scripts/triton_server.py"]
+    assert entrypoint[entrypoint.index("--installed-triton") + 1] == "/opt/tritonserver"
+    assert entrypoint[entrypoint.index("--host") + 1] == "0.0.0.0"  # it listens on 127.0.0.1 unless told otherwise
+    assert "entrypoint" not in service and all(a.startswith("--") or a.isdigit() for a in service["command"])
 
 
 def test_health_check_asks_for_readiness(service):
@@ -82,9 +98,9 @@ def test_health_check_asks_for_readiness(service):
 
 
 def test_the_launcher_gets_sigterm_and_time_to_drain_and_compose_restarts_it(service):
-    """`exec`: the launcher, not bash, is the container's main process, so `docker compose stop` reaches it."""
-    assert "exec python3 /workspace/scripts/triton_server.py" in " ".join(service["command"].split())
-    assert "--host 0.0.0.0" in service["command"]  # the launcher listens on 127.0.0.1 unless told otherwise
+    """The exec-form entry point makes the launcher, not a shell, the container's main process, so that
+    `docker compose stop` reaches it."""
+    assert dockerfile_instruction("ENTRYPOINT")[0] == "python3"
     grace = int(service["stop_grace_period"].rstrip("s"))
     assert grace > DRAIN_GRACE_S + EXIT_TIMEOUT_S + 5
     assert service["restart"] in ("always", "unless-stopped", "on-failure")
@@ -97,23 +113,23 @@ def test_every_other_service_is_in_a_profile_and_mounts_existing_paths(services)
             assert definition["profiles"] in (["loadtest"], ["monitoring"]), name
         for volume in definition.get("volumes", []):
             source = split_volume(volume)[0]
-            if not source.startswith("${"):
+            if not source.startswith("${") and source not in load("docker-compose.yml")["volumes"]:
                 assert os.path.exists(os.path.join(REPO, source)), (name, source)
 
 
 def test_the_openai_front_is_a_service_of_its_own_in_front_of_the_server(services, service):
     front = services["openai"]
-    command = " ".join(front["command"].split())
-    assert "pip install --quiet -r /app/clients/requirements.txt" in command
-    assert "exec python -m openai_front --triton tritonserver:8001 --model-dir /models/glm --host 0.0.0.0" in command
+    assert front["entrypoint"] == ["python3", "-m", "openai_front"]
+    command = front["command"]
+    assert command[command.index("--triton") + 1] == "tritonserver:8001"
+    assert command[command.index("--host") + 1] == "0.0.0.0"
     mounts = dict(reversed(split_volume(v)) for v in front["volumes"])
-    assert mounts["/app/openai_front"] == "./openai_front" and mounts["/app/clients"] == "./clients"
     # The same checkpoint as the server's, for the chat template.
     assert split_volume(next(v for v in service["volumes"] if v.endswith(":/models/glm:ro")))[0] == \
-        mounts["/models/glm"]
+        mounts[command[command.index("--model-dir") + 1]]
     assert [port.rsplit(":", 1)[1] for port in front["ports"]] == ["9000"]
     assert front["depends_on"]["tritonserver"]["condition"] == "service_healthy"
-    assert "--openai-port 0" in service["command"]  # the launcher's own front is off: one front, this one
+    assert service["command"][service["command"].index("--openai-port") + 1] == "0"  # one front: this one
 
 
 def test_locust_runs_the_repositorys_locustfile_against_the_server(services):
@@ -151,12 +167,7 @@ def test_prometheus_scrapes_the_metrics_port_and_grafana_reads_prometheus(servic
 @pytest.mark.integration
 def test_every_dashboard_metric_is_one_the_server_publishes(triton_server):
     """Each metric the Grafana dashboard queries is in the real server's /metrics (after one request)."""
-    import requests
-
-    requests.post(f"http://{triton_server.http_url}/v2/models/ensemble/generate",
-                  json={"text_input": "dashboard", "max_tokens": 4}, timeout=60)
-    published = set(re.findall(r"^# TYPE (\S+)", requests.get(
-        f"http://localhost:{triton_server.metrics_port}/metrics", timeout=10).text, re.M))
+    published = published_metric_names(triton_server)
     dashboard = load("monitoring/grafana/dashboards/glm.json")
     queried = {name for panel in dashboard["panels"] for target in panel["targets"]
                for name in re.findall(r"\b((?:glm|nv)_[a-z_]+)", target["expr"])}

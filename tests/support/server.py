@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
 import sys
 import time
@@ -59,6 +60,15 @@ def metrics(server) -> dict[str, float]:
     text = requests.get(f"http://localhost:{server.metrics_port}/metrics", timeout=10).text
     return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
             for line in text.splitlines() if line and not line.startswith("#")}
+
+
+def published_metric_names(server) -> set[str]:
+    """The metric families in the server's /metrics after one request through the ensemble (the engine's histograms
+    and counters appear once they have something to count)."""
+    requests.post(f"http://{server.http_url}/v2/models/ensemble/generate",
+                  json={"text_input": "which metrics", "max_tokens": 4}, timeout=60)
+    text = requests.get(f"http://localhost:{server.metrics_port}/metrics", timeout=10).text
+    return set(re.findall(r"^# TYPE (\S+)", text, re.M))
 
 
 def metric(samples: dict[str, float], name: str, **labels) -> float:
