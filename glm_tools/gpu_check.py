@@ -24,7 +24,10 @@ It prints what it measures and writes JSON:
      GLM-4's default settings, on peaked and flat random logits (as scripts/bench_sampler.py does on the CPU), to
      set against the decode step;
   6. two versions: two engines with gpu_memory_utilization 0.4 fit on one GPU and a third is refused before it
-     loads anything (the memory rule of a rollout, docs/versions.md).
+     loads anything (the memory rule of a rollout, docs/versions.md);
+  7. tensor parallelism, on a machine with two GPUs or more: the small GLM-4 on 1, 2, 4 and 8 GPUs (as many as
+     there are) over NCCL, float32, greedy tokens and first-step logits against one GPU's, output tokens/s of each
+     (the smoke run does 1 and 2 ranks over gloo on the CPU).
 """
 
 from __future__ import annotations
@@ -285,6 +288,56 @@ def check_two_versions(raw_config: dict, device: torch.device) -> dict:
     return result
 
 
+def check_tensor_parallel(raw_config: dict, device: torch.device, num_prompts: int, max_tokens: int) -> dict:
+    """The engine on 1, 2, 4, 8 ranks (as many GPUs as there are; 2 ranks over gloo on the CPU): greedy tokens must
+    equal one rank's and the first step's logits lie within 1e-3 of them; output tokens/s of each size."""
+    from glm_engine import EngineConfig, LLMEngine, SamplingParams
+
+    available = torch.cuda.device_count() if device.type == "cuda" else 2
+    sizes = [n for n in (1, 2, 4, 8) if n <= available and raw_config["num_attention_heads"] % n == 0]
+    if len(sizes) == 1:
+        result = {"sizes": sizes, "skipped": f"{available} GPU: tensor parallelism needs two", "ok": True}
+        print(f"[tensor parallel] {result}", flush=True)
+        return result
+    generator = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, raw_config["vocab_size"], (n,), generator=generator).tolist()
+               for n in torch.randint(8, 200, (num_prompts,), generator=generator).tolist()]
+    params = SamplingParams(max_tokens=max_tokens, stop_token_ids=())
+    runs = []
+    with tempfile.TemporaryDirectory() as model_dir:
+        write_random_checkpoint(raw_config, model_dir)
+        for size in sizes:
+            engine = LLMEngine(EngineConfig(model_dir=model_dir, device=device.type, dtype="float32",
+                                            num_kv_blocks=num_prompts * 32, max_num_seqs=num_prompts,
+                                            cuda_graph_max_batch=0, tensor_parallel_size=size))
+            try:
+                execute, first_logits = engine.runner.execute, []
+
+                def recording_execute(step, execute=execute, first_logits=first_logits):
+                    logits = execute(step)
+                    if not first_logits:
+                        first_logits.append(logits.cpu())
+                    return logits
+
+                engine.runner.execute = recording_execute
+                started = time.perf_counter()
+                tokens = engine.generate(prompts, params)
+                seconds = time.perf_counter() - started
+            finally:
+                engine.close()
+            runs.append({"ranks": size, "tokens": tokens, "logits": first_logits[0],
+                         "output_tokens_per_s": sum(map(len, tokens)) / seconds})
+    rows = [{"ranks": run["ranks"], "output_tokens_per_s": run["output_tokens_per_s"],
+             "vs_one_rank": run["output_tokens_per_s"] / runs[0]["output_tokens_per_s"],
+             "tokens_equal": run["tokens"] == runs[0]["tokens"],
+             "max_logit_difference": (run["logits"] - runs[0]["logits"]).abs().max().item()} for run in runs]
+    result = {"sizes": sizes, "prompts": num_prompts, "max_tokens": max_tokens, "runs": rows,
+              "ok": all(row["tokens_equal"] and row["max_logit_difference"] <= 1e-3 for row in rows)}
+    for row in rows:
+        print(f"[tensor parallel] {row}", flush=True)
+    return result
+
+
 def measure_sampler(vocab: int, batches: list[int], device: torch.device, repeats: int) -> list[dict]:
     from glm_engine.sampler import sample
 
@@ -334,6 +387,9 @@ def main(argv: list[str] | None = None) -> int:
                                      max_tokens=8 if args.smoke else 128)
     results["sampler"] = measure_sampler(config.vocab_size, batches, device, args.repeats)
     results["two_versions"] = check_two_versions(TINY if args.smoke else SMALL_GLM4, device)
+    results["tensor_parallel"] = check_tensor_parallel(TINY if args.smoke else SMALL_GLM4, device,
+                                                       num_prompts=4 if args.smoke else 32,
+                                                       max_tokens=8 if args.smoke else 128)
 
     print("\n| weights | batch | eager ms | CUDA graph ms | tokens/s | vs bf16 | bandwidth limit tokens/s | of limit |"
           "\n|---|---|---|---|---|---|---|---|")
@@ -353,12 +409,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"sampler, one call on {config.vocab_size:,} tokens, ms: " + "; ".join(
         f"batch {row['batch']} {row['setting']} {row['logits']} {row['ms']:.2f}" for row in results["sampler"]
         if row["setting"] != "greedy" or row["logits"] == "peaked"))
-    memory_ok = results["two_versions"]["ok"]
+    memory_ok, parallel_ok = results["two_versions"]["ok"], results["tensor_parallel"]["ok"]
     print(f"kernel against the torch path: {'ok' if kernel_ok else 'MISMATCH'}; "
           f"CUDA graphs against eager steps: {'ok' if graphs_ok else 'MISMATCH'}; "
-          f"two versions' memory rule: {'ok' if memory_ok else 'FAILED'}")
+          f"two versions' memory rule: {'ok' if memory_ok else 'FAILED'}; "
+          f"tensor parallelism against one rank: {'ok' if parallel_ok else 'MISMATCH'}"
+          f"{' (' + results['tensor_parallel']['skipped'] + ')' if 'skipped' in results['tensor_parallel'] else ''}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
         print(f"[gpu_check] wrote {args.json}")
-    return 0 if kernel_ok and graphs_ok and memory_ok else 1
+    return 0 if kernel_ok and graphs_ok and memory_ok and parallel_ok else 1

@@ -113,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model-dir", default=os.environ.get("GLM_MODEL_DIR"),
                         help="GLM checkpoint to serve (default: model_dir in the models' config.pbtxt)")
     parser.add_argument("--model-repository", default=MODEL_REPOSITORY)
+    parser.add_argument("--tensor-parallel-size", type=int, default=int(os.environ.get("GLM_TENSOR_PARALLEL_SIZE", 0)),
+                        help="split the model over this many GPUs (docs/scaling.md); default: tensor_parallel_size "
+                             "in glm's config.pbtxt (1)")
     parser.add_argument("--installed-triton", metavar="DIR",
                         help="use an installed Triton (e.g. /opt/tritonserver in the NGC image) instead of the one in "
                              "nvidia-pytriton; its backends/ folder must hold python_glm")
@@ -151,10 +154,12 @@ def main(argv: list[str] | None = None) -> int:
     if not admin_key:  # one key for every restart, so that an operator's key stays valid
         admin_key = secrets.token_hex(16)
         say(f"control-plane key (set {ADMIN_KEY_ENV} to choose it): {admin_key}")
+    # Read by glm (triton_glm/common.py, TENSOR_PARALLEL_ENV) over its config.pbtxt.
+    engine_env = {"GLM_TENSOR_PARALLEL_SIZE": str(args.tensor_parallel_size)} if args.tensor_parallel_size else {}
     supervisor = Supervisor(
         lambda: TritonServer(args.http_port, args.grpc_port, args.metrics_port, args.model_dir, args.model_repository,
-                             installed_server=installed, drain_grace_s=args.drain_grace, allocator=args.allocator,
-                             host=args.host, admin_key=admin_key),
+                             extra_env=engine_env, installed_server=installed, drain_grace_s=args.drain_grace,
+                             allocator=args.allocator, host=args.host, admin_key=admin_key),
         ready_timeout_s=args.ready_timeout, max_restarts=args.max_restarts)
     stop = threading.Event()
     # Explicit handlers: a launcher started in the background inherits SIGINT as ignored, and Ctrl-C must work.

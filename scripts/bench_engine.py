@@ -7,7 +7,8 @@
 (run ./scripts/setup_env.sh requirements-test.txt once first: it installs transformers, the baseline). It measures, on one fixed, seeded mix
 of prompt lengths (16-512 tokens) and output lengths (16-256), every request running to its own length:
   - output tokens/s of the engine offline (all requests submitted at once; greedy, greedy with int8 weights and
-    activations, and sampling with GLM-4's default temperature 0.8 and top_p 0.8), of transformers' generate() (greedy)
+    activations, greedy on two tensor-parallel ranks over gloo (engine_offline_tp2), and sampling with GLM-4's
+    default temperature 0.8 and top_p 0.8), of transformers' generate() (greedy)
     (a) one request at a time and (b) in static left-padded batches of --batch-size, and of the engine through
     the real tritonserver with one streaming gRPC client per request, all at once (float32, and int8: the int8 runs
     are compared with the float32 ones of the same round);
@@ -51,10 +52,11 @@ def percentile(values: list[float], q: float) -> float:
 GLM4_SAMPLING = dict(temperature=0.8, top_p=0.8)
 
 
-def bench_engine_offline(model_dir: str, requests, sampling: dict | None = None, quantization: str = "none") -> dict:
+def bench_engine_offline(model_dir: str, requests, sampling: dict | None = None, quantization: str = "none",
+                         tensor_parallel_size: int = 1) -> dict:
     """Greedy, or with `sampling` settings (each request seeded by its index)."""
     engine = LLMEngine(EngineConfig(model_dir=model_dir, max_num_seqs=len(requests), num_kv_blocks=4096,
-                                    quantization=quantization))
+                                    quantization=quantization, tensor_parallel_size=tensor_parallel_size))
     for index, (prompt, length) in enumerate(requests):
         settings = dict(sampling, seed=index) if sampling else {}
         engine.add_request(f"b{index}", prompt, SamplingParams(max_tokens=length, stop_token_ids=(), **settings))
@@ -67,6 +69,7 @@ def bench_engine_offline(model_dir: str, requests, sampling: dict | None = None,
             used = sum(seq.num_computed_tokens for seq in engine.sequences.values())
             peak = {"allocated": allocated, "used": used}
     elapsed = time.perf_counter() - started
+    engine.close()
     return {"output_tokens": generated, "seconds": elapsed, "tokens_per_s": generated / elapsed,
             "kv_waste_at_peak": (peak["allocated"] - peak["used"]) / peak["allocated"],
             "peak_allocated_slots": peak["allocated"], "peak_used_slots": peak["used"]}
@@ -177,9 +180,11 @@ def bench_triton(model_dir: str, requests, outputs=("output_ids", "sequence_leng
 
 # The runs whose output tokens/s are compared, in the order of the table.
 RUNS = ("engine_through_triton", "engine_through_triton_int8", "engine_offline", "engine_offline_int8",
-        "engine_offline_sampled", "transformers_static_batches", "transformers_one_at_a_time")
-# Quantized runs against the float32 run of the same round: (quantized, float).
-QUANTIZED_PAIRS = (("engine_offline_int8", "engine_offline"), ("engine_through_triton_int8", "engine_through_triton"))
+        "engine_offline_tp2", "engine_offline_sampled", "transformers_static_batches", "transformers_one_at_a_time")
+# Runs against another run of the same round: (run, the run it is compared with, the ratio's name).
+PAIRS = (("engine_offline_int8", "engine_offline", "vs_float32"),
+         ("engine_through_triton_int8", "engine_through_triton", "vs_float32"),
+         ("engine_offline_tp2", "engine_offline", "vs_one_rank"))
 BASELINES = ("transformers_one_at_a_time", "transformers_static_batches")
 
 
@@ -188,6 +193,7 @@ def measurements(model_dir: str, requests, batch_size: int) -> dict:
     return {
         "engine_offline": lambda: bench_engine_offline(model_dir, requests),
         "engine_offline_int8": lambda: bench_engine_offline(model_dir, requests, quantization="int8"),
+        "engine_offline_tp2": lambda: bench_engine_offline(model_dir, requests, tensor_parallel_size=2),
         "engine_offline_sampled": lambda: bench_engine_offline(model_dir, requests, GLM4_SAMPLING),
         "transformers_one_at_a_time": lambda: bench_transformers(model_dir, requests, 1),
         "transformers_static_batches": lambda: bench_transformers(model_dir, requests, batch_size),
@@ -227,10 +233,9 @@ def summarize(rounds: list[dict]) -> dict:
         if name in done:
             summary[name].update({key: median([r[name][key] for r in rounds])
                                   for key in ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s")})
-    for quantized, plain in QUANTIZED_PAIRS:
-        if {quantized, plain} <= done:
-            summary[quantized]["vs_float32"] = median([r[quantized]["tokens_per_s"] / r[plain]["tokens_per_s"]
-                                                       for r in rounds])
+    for run, reference, ratio in PAIRS:
+        if {run, reference} <= done:
+            summary[run][ratio] = median([r[run]["tokens_per_s"] / r[reference]["tokens_per_s"] for r in rounds])
     if {"engine_offline", "engine_offline_sampled"} <= done:
         summary["sampled_vs_greedy"] = median([r["engine_offline_sampled"]["tokens_per_s"]
                                                / r["engine_offline"]["tokens_per_s"] for r in rounds])
@@ -261,9 +266,9 @@ def print_summary(summary: dict, num_rounds: int) -> None:
             label = " (int8)" if name.endswith("int8") else ""
             print(f"\nThrough Triton{label}: TTFT P50 {t['ttft_p50_s'] * 1000:.0f} ms, P99 {t['ttft_p99_s'] * 1000:.0f} "
                   f"ms; ITL P50 {t['itl_p50_s'] * 1000:.0f} ms, P99 {t['itl_p99_s'] * 1000:.0f} ms")
-    for quantized, plain in QUANTIZED_PAIRS:
-        if "vs_float32" in summary.get(quantized, {}):
-            print(f"{quantized}: {summary[quantized]['vs_float32']:.2f}x the output tokens/s of {plain} (float32)")
+    for run, reference, ratio in PAIRS:
+        if ratio in summary.get(run, {}):
+            print(f"{run}: {summary[run][ratio]:.2f}x the output tokens/s of {reference}")
     if "sampled_vs_greedy" in summary:
         print(f"Sampling as GLM-4 does ({GLM4_SAMPLING}) against greedy, offline: {summary['sampled_vs_greedy']:.2f}x "
               "the output tokens/s (the transformers baselines are greedy)")
@@ -284,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--skip-server", action="store_true", help="offline figures only")
     parser.add_argument("--runs", help="comma-separated measurements to make (default: all); "
-                                       "engine_offline, engine_offline_int8, engine_offline_sampled, "
+                                       "engine_offline, engine_offline_int8, engine_offline_tp2, engine_offline_sampled, "
                                        "transformers_one_at_a_time, transformers_static_batches, prefix_cache, "
                                        "engine_through_triton, engine_through_triton_int8")
     parser.add_argument("--model-dir", help="benchmark this checkpoint instead of building the benchmark model "

@@ -31,17 +31,19 @@ def test_bench_sampler_times_current_and_baseline_side_by_side(tmp_path):
     assert "speed-up" in completed.stdout
 
 
-def test_bench_engine_offline_counts_every_requested_token_greedy_int8_and_sampled(demo_model_dir, tmp_path):
+def test_bench_engine_offline_counts_every_requested_token_greedy_int8_tp2_and_sampled(demo_model_dir, tmp_path):
     out = tmp_path / "bench.json"
-    run_script("bench_engine.py", "--model-dir", demo_model_dir, "--num-requests", "3",
-               "--runs", "engine_offline,engine_offline_int8,engine_offline_sampled", "--json", str(out))
+    runs = ("engine_offline", "engine_offline_int8", "engine_offline_tp2", "engine_offline_sampled")
+    run_script("bench_engine.py", "--model-dir", demo_model_dir, "--num-requests", "3", "--runs", ",".join(runs),
+               "--json", str(out))
     written = json.loads(out.read_text())
     (results,) = written["rounds"]
-    for name in ("engine_offline", "engine_offline_int8", "engine_offline_sampled"):
+    for name in runs:
         assert results[name]["output_tokens"] == written["requested_output_tokens"]
         assert 0 <= results[name]["kv_waste_at_peak"] < 1
     assert 0 < written["summary"]["sampled_vs_greedy"]
     assert 0 < written["summary"]["engine_offline_int8"]["vs_float32"]
+    assert 0 < written["summary"]["engine_offline_tp2"]["vs_one_rank"]
 
 
 def test_bench_quantization_measures_perplexity_agreement_and_memory(tmp_path):

@@ -17,7 +17,7 @@ from glm_engine.cuda_graph import graph_batch_sizes
 @pytest.fixture
 def graphs_on_the_cpu(monkeypatch):
     """Let the runner build DecodeGraphs on the CPU, where it runs them without recording."""
-    monkeypatch.setattr(model_runner, "decode_graphs_wanted", lambda config, device, kernel: True)
+    monkeypatch.setattr(model_runner, "decode_graphs_wanted", lambda config, device, kernel, shard: True)
 
 
 def test_graph_batch_sizes():

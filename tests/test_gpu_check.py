@@ -33,6 +33,9 @@ def test_the_smoke_run_checks_the_kernel_and_measures_every_batch(tmp_path):
     assert len(results["sampler"]) == 2 * 2 * 2 and all(row["ms"] > 0 for row in results["sampler"])
     two_versions = results["two_versions"]  # on the CPU: one engine starts, one too big for the memory is refused
     assert two_versions["ok"] and two_versions["engines_started"] == 1 and "is free" in two_versions["refusal"]
+    parallel = results["tensor_parallel"]  # on the CPU: 1 and 2 ranks over gloo
+    assert parallel["ok"] and [row["ranks"] for row in parallel["runs"]] == [1, 2]
+    assert all(row["tokens_equal"] and row["output_tokens_per_s"] > 0 for row in parallel["runs"])
 
 
 def test_the_glm4_9b_shape_is_the_published_one():

@@ -18,7 +18,7 @@ from support.server import published_metric_names
 from glm_tools.launcher import EXIT_TIMEOUT_S
 
 KUBERNETES = os.path.join(REPO, "deploy", "kubernetes")
-OVERLAYS = ("cpu-demo", "gpu")
+OVERLAYS = ("cpu-demo", "gpu", "gpu-tensor-parallel")
 # The oldest Kubernetes still commonly run, and the newest that kubernetes-validate knows.
 KUBERNETES_VERSIONS = ("1.29", "latest")
 CUSTOM_RESOURCES = {("monitoring.coreos.com/v1", "ServiceMonitor")}  # the Prometheus Operator's; no schema here
@@ -131,6 +131,13 @@ def test_the_gpu_overlay_serves_a_checkpoint_volume_on_one_gpu():
     assert claim["spec"]["accessModes"] == ["ReadOnlyMany"]  # every pod, on any node, mounts it
     ingress = objects["Ingress"]
     assert ingress["metadata"]["annotations"]["nginx.ingress.kubernetes.io/upstream-hash-by"] == "$http_x_session_id"
+
+
+def test_the_tensor_parallel_overlay_splits_the_model_over_the_gpus_it_asks_for():
+    container = server_container(render("gpu-tensor-parallel"))
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert int(env["GLM_TENSOR_PARALLEL_SIZE"]) == container["resources"]["limits"]["nvidia.com/gpu"] == 2
+    assert env["GLM_MODEL_DIR"] == "/models/glm"  # the gpu overlay's checkpoint volume, kept
 
 
 def test_the_cpu_demo_overlay_serves_the_baked_demo_model_without_a_gpu():

@@ -3,12 +3,9 @@ model process healed by the launcher's supervisor, a drained shutdown, and strea
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -17,16 +14,16 @@ import numpy as np
 import pytest
 import requests
 import tritonclient.grpc as grpcclient
-from support import REPO
 from support.checkpoints import make_tiny_checkpoint
 from support.reference import prompts
-from support.server import abandon_a_stream, metric, metrics, running_server, wait_for
+from support.server import (abandon_a_stream, glm_stub_of, metric, metrics, ready, running_launcher, running_server,
+                            stream, wait_for)
 import tritonclient.utils.shared_memory as shared_memory
 from tritonclient.utils import InferenceServerException
 
 from glm_engine import EngineConfig, EngineThread, LLMEngine, SamplingParams, Unavailable
 from glm_engine.watchdog import STALLED_EXIT_STATUS, Watchdog
-from glm_tools.launcher import ADMIN_KEY_HEADER, EXIT_TIMEOUT_S, GRPC_ADMIN_KEY_HEADER, free_port, stub_processes
+from glm_tools.launcher import ADMIN_KEY_HEADER, EXIT_TIMEOUT_S, GRPC_ADMIN_KEY_HEADER, free_port
 
 LONG = SamplingParams(max_tokens=400, stop_token_ids=())
 
@@ -113,42 +110,6 @@ def test_the_watchdog_ends_the_process_when_the_engine_thread_stalls_or_dies(mod
 
 
 # -- through the real server ----------------------------------------------------------------------------------------
-def stream(url: str, model: str = "ensemble", max_tokens: int = 4000, timeout: float = 60) -> dict:
-    """One HTTP generate_stream read to its end: {"events": n, "last": last event, "error": what broke it}."""
-    result = {"events": 0, "last": None, "error": None}
-    try:
-        with requests.post(f"http://{url}/v2/models/{model}/generate_stream", stream=True, timeout=timeout,
-                           json={"text_input": "a long story", "max_tokens": max_tokens, "ignore_eos": True,
-                                 "stream": True}) as response:
-            for line in response.iter_lines():
-                if line.startswith(b"data: "):
-                    result["events"] += 1
-                    result["last"] = json.loads(line[6:])
-    except requests.RequestException as error:
-        result["error"] = repr(error)
-    return result
-
-
-def ready(http_port: int) -> bool:
-    try:
-        return requests.get(f"http://localhost:{http_port}/v2/health/ready", timeout=2).status_code == 200
-    except requests.RequestException:
-        return False
-
-
-def server_pid_of(launcher_pid: int) -> int | None:
-    for proc in glob.glob("/proc/[0-9]*"):
-        try:
-            with open(f"{proc}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            with open(f"{proc}/comm") as f:
-                if f.read().strip() == "tritonserver" and int(fields[1]) == launcher_pid:
-                    return int(proc[6:])
-        except OSError:
-            continue
-    return None
-
-
 def openai_health(port: int) -> int:
     try:
         return requests.get(f"http://localhost:{port}/health", timeout=5).status_code
@@ -159,19 +120,11 @@ def openai_health(port: int) -> int:
 @pytest.mark.integration
 def test_a_killed_model_process_is_seen_at_once_and_healed_by_the_launcher(demo_model_dir, tmp_path):
     """...and the OpenAI front that serve.sh starts beside it answers again once the model is back."""
-    http_port, openai_port = free_port(), free_port()
+    openai_port = free_port()
     log_path = tmp_path / "serve.log"
-    with open(log_path, "w") as log:
-        launcher = subprocess.Popen(
-            [sys.executable, os.path.join(REPO, "scripts", "triton_server.py"), "--http-port", str(http_port),
-             "--grpc-port", str(free_port()), "--metrics-port", str(free_port()), "--model-dir", demo_model_dir,
-             "--drain-grace", "2", "--openai-port", str(openai_port)],
-            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "2"})
-    try:
-        assert wait_for(lambda: ready(http_port), timeout=180, interval=0.5), log_path.read_text()[-3000:]
+    with running_launcher(demo_model_dir, log_path, "--openai-port", str(openai_port)) as (launcher, http_port):
         url = f"localhost:{http_port}"
-        server_pid = server_pid_of(launcher.pid)
-        (glm_stub,) = [pid for pid, stub in stub_processes(server_pid).items() if stub.model == "glm"]
+        glm_stub = glm_stub_of(launcher.pid)
 
         with ThreadPoolExecutor(4) as pool:
             streams = [pool.submit(stream, url) for _ in range(4)]
@@ -197,14 +150,6 @@ def test_a_killed_model_process_is_seen_at_once_and_healed_by_the_launcher(demo_
         assert completion.json()["usage"]["completion_tokens"] == 4
         assert wait_for(lambda: "ready again" in log_path.read_text(), timeout=10)  # the launcher's next poll
         assert f"glm_0_0 of glm version 1 (pid {glm_stub}) died while it was loaded: restarting" in log_path.read_text()
-    finally:
-        launcher.send_signal(signal.SIGTERM)
-        try:
-            code = launcher.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            launcher.kill()
-            raise
-    assert code == 0, log_path.read_text()[-3000:]
 
 
 @pytest.mark.integration

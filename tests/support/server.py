@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import re
+import signal
 import socket
+import subprocess
 import sys
 import time
 
 import requests
 
+from . import REPO
 from glm_tools.launcher import (MODEL_REPOSITORY, TritonServer, free_port, model_repository_with, start_openai_front,
-                                wait_for_openai_front)
+                                stub_processes, wait_for_openai_front)
 
 # The key the tests' OpenAI front wants.
 OPENAI_API_KEY = "sk-test-key"
@@ -99,3 +103,77 @@ def abandon_a_stream(server, max_tokens: int) -> None:
             chunk = connection.recv(4096)
             assert chunk, received
             received += chunk
+
+
+def stream(url: str, model: str = "ensemble", max_tokens: int = 4000, timeout: float = 60) -> dict:
+    """One HTTP generate_stream read to its end: {"events": n, "last": last event, "error": what broke it}."""
+    result = {"events": 0, "last": None, "error": None}
+    try:
+        with requests.post(f"http://{url}/v2/models/{model}/generate_stream", stream=True, timeout=timeout,
+                           json={"text_input": "a long story", "max_tokens": max_tokens, "ignore_eos": True,
+                                 "stream": True}) as response:
+            for line in response.iter_lines():
+                if line.startswith(b"data: "):
+                    result["events"] += 1
+                    result["last"] = json.loads(line[6:])
+    except requests.RequestException as error:
+        result["error"] = repr(error)
+    return result
+
+
+def ready(http_port: int) -> bool:
+    try:
+        return requests.get(f"http://localhost:{http_port}/v2/health/ready", timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def child_processes(parent_pid: int) -> dict[int, tuple[str, bytes]]:
+    """The live children of a process: pid -> (name, command line)."""
+    children = {}
+    for proc in glob.glob("/proc/[0-9]*"):
+        try:
+            with open(f"{proc}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            if parent != parent_pid:
+                continue
+            with open(f"{proc}/comm") as f:
+                name = f.read().strip()
+            with open(f"{proc}/cmdline", "rb") as f:
+                command = f.read()
+        except OSError:  # it exited meanwhile
+            continue
+        if command:  # a dead one not yet reaped has none
+            children[int(proc[6:])] = (name, command)
+    return children
+
+
+@contextlib.contextmanager
+def running_launcher(model_dir: str, log_path, *flags: str):
+    """The launcher (scripts/triton_server.py, what serve.sh runs) on free ports with these extra flags, its output in
+    log_path, once ready; yields (its process, its HTTP port). Afterwards SIGTERM must stop it with status 0."""
+    http_port = free_port()
+    with open(log_path, "w") as log:
+        launcher = subprocess.Popen(
+            [sys.executable, os.path.join(REPO, "scripts", "triton_server.py"), "--http-port", str(http_port),
+             "--grpc-port", str(free_port()), "--metrics-port", str(free_port()), "--model-dir", model_dir,
+             "--drain-grace", "2", *flags],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "2"})
+    try:
+        assert wait_for(lambda: ready(http_port), timeout=180, interval=0.5), open(log_path).read()[-3000:]
+        yield launcher, http_port
+    finally:
+        launcher.send_signal(signal.SIGTERM)
+        try:
+            code = launcher.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            launcher.kill()
+            raise
+    assert code == 0, open(log_path).read()[-3000:]
+
+
+def glm_stub_of(launcher_pid: int) -> int:
+    """The pid of glm's stub process in the server a launcher runs."""
+    (server,) = [pid for pid, (name, _) in child_processes(launcher_pid).items() if name == "tritonserver"]
+    (stub,) = [pid for pid, stub in stub_processes(server).items() if stub.model == "glm"]
+    return stub

@@ -3,10 +3,11 @@
 from .config import CheckpointError, EngineConfig, ModelConfig
 from .engine import LLMEngine, Overloaded, RequestOutput, Unavailable
 from .engine_thread import EngineThread
+from .model_runner import FatalEngineError
 from .sampling_params import SamplingParams
 from .sequence import FinishReason
 
 __all__ = [
     "CheckpointError", "EngineConfig", "ModelConfig", "LLMEngine", "Overloaded", "RequestOutput", "Unavailable",
-    "EngineThread", "FinishReason", "SamplingParams",
+    "EngineThread", "FatalEngineError", "FinishReason", "SamplingParams",
 ]

@@ -19,7 +19,7 @@ import contextlib
 import glob
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -131,6 +131,11 @@ def place_tensors(tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtyp
 
 
 def load_state_dict(model_dir: str, dtype: torch.dtype, device: torch.device, quantize: set[str] = frozenset(),
-                    method: str = "none") -> dict[str, torch.Tensor]:
-    """The checkpoint's tensors, placed by place_tensors."""
-    return place_tensors(read_tensors(model_dir), dtype, device, quantize, method)
+                    method: str = "none", split: Callable[[str, torch.Tensor], torch.Tensor] | None = None
+                    ) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors, placed by place_tensors; with `split` (tensor parallelism: Shard.split), only the
+    part of each that this rank holds, cut before it is quantized or moved to the device."""
+    tensors = read_tensors(model_dir)
+    if split is not None:
+        tensors = ((name, split(name, tensor)) for name, tensor in tensors)
+    return place_tensors(tensors, dtype, device, quantize, method)

@@ -151,6 +151,9 @@ class EngineConfig:
     # When the model is unloaded (a reload, a new version, a shutdown), requests still running get this long to finish;
     # those left then end with a retryable "shutting down" error.
     unload_grace_s: float = 60.0
+    # Split the model over this many devices (glm_engine/tensor_parallel.py): one worker process per extra rank, GPUs
+    # device, device + 1, ... over NCCL on CUDA; on the CPU over gloo, the cores shared out between the ranks.
+    tensor_parallel_size: int = 1
 
     @classmethod
     def from_parameters(cls, parameters: dict[str, str]) -> "EngineConfig":
@@ -169,10 +172,14 @@ class EngineConfig:
         config.validate()
         return config
 
+    def model_len_limit(self, model: ModelConfig) -> int:
+        """The longest prompt plus output: max_model_len, within the checkpoint's max_position_embeddings."""
+        return min(self.max_model_len or model.max_position_embeddings, model.max_position_embeddings)
+
     def validate(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
-        for name in ("max_num_seqs", "max_num_batched_tokens", "default_max_tokens"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "default_max_tokens", "tensor_parallel_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         for name in ("num_kv_blocks", "max_model_len", "cuda_graph_max_batch", "max_waiting_requests",

@@ -9,11 +9,13 @@ from dataclasses import dataclass
 
 from .block_pool import BlockPool
 from .config import EngineConfig, ModelConfig
-from .model_runner import ModelRunner
+from .model_runner import FatalEngineError, ModelRunner
 from .sampler import draw_uniforms, sample
 from .sampling_params import SamplingParams
 from .scheduler import ScheduledSequence, Scheduler, SchedulerOutput
 from .sequence import FinishReason, Sequence
+from .tensor_parallel import Shard, check_divisible
+from .tp_workers import WorkerGroup
 
 log = logging.getLogger(__name__)
 
@@ -75,9 +77,21 @@ class LLMEngine:
         config.validate()
         self.config = config
         self.model_config = ModelConfig.from_checkpoint(config.model_dir)
-        self.max_model_len = min(config.max_model_len or self.model_config.max_position_embeddings,
-                                 self.model_config.max_position_embeddings)
-        self.runner = ModelRunner(self.model_config, config, self.max_model_len)
+        self.max_model_len = config.model_len_limit(self.model_config)
+        # With tensor_parallel_size N, the other N - 1 ranks' processes (glm_engine/tp_workers.py).
+        self.workers: WorkerGroup | None = None
+        if config.tensor_parallel_size > 1:
+            check_divisible(self.model_config, config.tensor_parallel_size)
+            self.workers = WorkerGroup.start(config)
+        try:
+            self.runner = ModelRunner(self.model_config, config, self.max_model_len,
+                                      self.workers.shard if self.workers else Shard())
+        except BaseException as exc:
+            fault = self.workers.fault() if self.workers else None
+            self.close(kill=True)
+            if fault:  # the cause, rather than rank 0's broken connection to it
+                raise RuntimeError(f"{fault} while loading the model (its error is in the server's log)") from exc
+            raise
         self.pool = BlockPool(self.runner.num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.pool, config.max_num_seqs, config.max_num_batched_tokens)
         self.sequences: dict[str, Sequence] = {}
@@ -159,14 +173,30 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def fault(self) -> str | None:
+        """Why this engine can no longer run (a tensor-parallel worker has died), or None. Safe from any thread."""
+        return self.workers.fault() if self.workers else None
+
+    def close(self, kill: bool = False) -> None:
+        """Stop the tensor-parallel workers, if any (kill: at once, after a FatalEngineError). The engine cannot step
+        afterwards."""
+        if self.workers is not None:
+            self.workers.close(kill=kill)
+
     # -- the loop -------------------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
+        """Schedule and run one step. Raises FatalEngineError when the engine can no longer run (fault())."""
+        if fault := self.fault():
+            raise FatalEngineError(fault)
         expired = self._expire_waiting()
         step = self.scheduler.schedule()
         if not step.scheduled:
             return expired
         uniforms = dict(zip(step.sampling, draw_uniforms(step.sampling)))
-        sampled, failed = self._execute(step.scheduled, uniforms)
+        try:
+            sampled, failed = self._execute(step.scheduled, uniforms)
+        except FatalEngineError as exc:  # a rank that died is the cause to name, not the broken connection to it
+            raise FatalEngineError(self.fault() or str(exc)) from exc
         outputs = [self._fail(seq, message) for seq, message in failed.items()]
         return expired + outputs + self._apply(step, sampled)
 
@@ -196,6 +226,8 @@ class LLMEngine:
         try:
             logits = self.runner.execute(part)
             tokens, logprobs = sample(logits, part.sampling, [uniforms[seq] for seq in part.sampling])
+        except FatalEngineError:
+            raise
         except Exception as exc:
             if len(items) == 1:
                 log.exception("engine step failed for request %s", items[0].seq.request_id)

@@ -5,7 +5,8 @@ thread. A callback that returns False (its client went away) has its request abo
 
 `drain` prepares a shutdown: new requests are refused, running ones get a grace period to finish, then end with an
 error saying the server is shutting down. `stalled_for` tells a watchdog how long the thread has been busy without
-finishing a step (infinite once the thread has died).
+finishing a step (infinite once the thread has died), `fault` why the engine can no longer run. A FatalEngineError
+(a tensor-parallel rank lost) fails every request in flight and ends the thread; later requests are refused.
 
 The engine is also built on that thread, so that only one thread ever runs torch's parallel CPU kernels: each
 thread that does gets its own OpenMP worker pool, and once a process has more OpenMP threads than cores, libgomp
@@ -23,6 +24,7 @@ import time
 from typing import Callable
 
 from .engine import SHUTTING_DOWN, LLMEngine, RequestOutput, Unavailable
+from .model_runner import FatalEngineError
 from .sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -44,6 +46,7 @@ class EngineThread:
         self._stopping = False
         self._drain_deadline: float | None = None  # time.monotonic() after which running requests are ended
         self._busy_since: float | None = None  # when the current unit of work began; None while idle
+        self._fatal: str | None = None  # the FatalEngineError that ended the thread
         self.engine: LLMEngine | None = None
         build_error: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._main, args=(build_engine, build_error), name="glm-engine",
@@ -60,6 +63,8 @@ class EngineThread:
         if the engine is draining."""
         if self._drain_deadline is not None:
             raise Unavailable(SHUTTING_DOWN)
+        if not self._thread.is_alive():
+            raise Unavailable("the engine has stopped after a fault; the server restarts this model: retry")
         self.engine.check_request(prompt_token_ids, params)
         with self._queued_lock:
             self.engine.check_admission(len(prompt_token_ids), self._queued_requests, self._queued_tokens)
@@ -88,6 +93,12 @@ class EngineThread:
         busy_since = self._busy_since
         return 0.0 if busy_since is None else time.monotonic() - busy_since
 
+    def fault(self) -> str | None:
+        """Why the engine can no longer run (a FatalEngineError ended the thread, or LLMEngine.fault), or None."""
+        if self._fatal is not None:
+            return self._fatal
+        return self.engine.fault() if self.engine is not None else None
+
     def shutdown(self, grace_s: float = 0.0) -> None:
         """Stop the thread. With grace_s, drain first: running requests get grace_s to finish (those left end with
         the retryable shutting-down error) and the thread stops once idle; requests still there are aborted."""
@@ -107,7 +118,18 @@ class EngineThread:
             build_error.put(exc)
             return
         build_error.put(None)
-        self._run()
+        try:
+            self._run()
+        except FatalEngineError as exc:
+            self._fatal = f"the engine cannot go on: {exc}"
+            log.critical(self._fatal)
+            for output in self.engine.fail_all(f"engine failure: {exc}; retry", unavailable=True):
+                self._deliver(output)
+        finally:
+            for request_id in list(self._callbacks):
+                self._abort(request_id)
+            self._refuse_queued()
+            self.engine.close(kill=self._fatal is not None)
 
     def _run(self) -> None:
         while not self._stopping:
@@ -126,17 +148,26 @@ class EngineThread:
                 self._notify_step()
                 self._busy_since = time.monotonic()
             self._notify_step()
-        for request_id in list(self._callbacks):
-            self._abort(request_id)
 
     def _step(self) -> list[RequestOutput]:
         if self._drain_deadline is not None and time.monotonic() >= self._drain_deadline:
             return self.engine.fail_all(SHUTTING_DOWN, unavailable=True)
         try:
             return self.engine.step()
+        except FatalEngineError:
+            raise
         except Exception as exc:  # a bug must fail the requests in flight, not hang them and all later ones
             log.exception("engine step failed unexpectedly")
             return self.engine.fail_all(f"engine failure: {exc}")
+
+    def _refuse_queued(self) -> None:
+        """Answer the requests submitted but never added: the thread is ending."""
+        while not self._inbox.empty():
+            message = self._inbox.get()
+            if message[0] == "add":
+                _, request_id, _, _, on_output, _ = message
+                self._call(on_output, RequestOutput(request_id, [], finished=True, error=SHUTTING_DOWN,
+                                                    unavailable=True))
 
     def _handle(self, message: tuple) -> None:
         kind = message[0]

@@ -4,6 +4,8 @@ Parameter names match Hugging Face's, so a checkpoint loads with `load_state_dic
 each layer's q/k/v projections and, on the CPU, hands float Linear weights to oneDNN in its own layout. With
 quantization (int8, fp8) the projections of every layer are QuantizedLinear layers, whose 8-bit weights and scales
 the checkpoint reader makes (glm_engine/checkpoint.py); embeddings, norms and the LM head stay in the model's dtype.
+With tensor parallelism each rank builds its part of the model (glm_engine/tensor_parallel.py: its heads, MLP
+channels and vocabulary slice) and adds the parts up where the Shard's collectives say.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from torch import nn
 from .attention import AttentionMetadata, paged_attention, write_kv
 from .config import CheckpointError, ModelConfig
 from .quantization import QuantizedLinear
+from .tensor_parallel import Shard
 
 
 class RMSNorm(nn.Module):
@@ -111,9 +114,10 @@ class RotaryEmbedding:
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, quantization: str):
+    def __init__(self, config: ModelConfig, quantization: str, shard: Shard):
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        self.num_heads, self.num_kv_heads = shard.num_heads(config), shard.num_kv_heads(config)
+        self.head_dim, self.shard = config.head_dim, shard
         hidden, bias = config.hidden_size, config.attention_bias
         # Loaded under Hugging Face's names, then fused by fuse_qkv().
         self.q_proj = make_linear(hidden, self.num_heads * self.head_dim, bias, quantization)
@@ -136,25 +140,27 @@ class Attention(nn.Module):
         k_cache, v_cache = kv_cache
         write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
         out = paged_attention(q, k_cache, v_cache, meta, self.scale)
-        return self.o_proj(out.reshape(tokens, heads * self.head_dim))
+        return self.shard.all_reduce(self.o_proj(out.reshape(tokens, heads * self.head_dim)))
 
 
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig, quantization: str):
+    def __init__(self, config: ModelConfig, quantization: str, shard: Shard):
         super().__init__()
-        self.gate_up_proj = make_linear(config.hidden_size, 2 * config.intermediate_size, False, quantization)
-        self.down_proj = make_linear(config.intermediate_size, config.hidden_size, False, quantization)
+        intermediate = shard.intermediate_size(config)
+        self.gate_up_proj = make_linear(config.hidden_size, 2 * intermediate, False, quantization)
+        self.down_proj = make_linear(intermediate, config.hidden_size, False, quantization)
+        self.shard = shard
 
     def forward(self, x):
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(up * F.silu(gate))
+        return self.shard.all_reduce(self.down_proj(up * F.silu(gate)))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, quantization: str):
+    def __init__(self, config: ModelConfig, quantization: str, shard: Shard):
         super().__init__()
-        self.self_attn = Attention(config, quantization)
-        self.mlp = MLP(config, quantization)
+        self.self_attn = Attention(config, quantization, shard)
+        self.mlp = MLP(config, quantization, shard)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.sandwich = config.has_sandwich_norms
@@ -173,22 +179,40 @@ class DecoderLayer(nn.Module):
         return x + h
 
 
+class VocabEmbedding(nn.Embedding):
+    """nn.Embedding over this rank's slice of the vocabulary: rows first_token ..; a token outside it gives zeros,
+    and the all-reduce adds the row of the rank that holds it."""
+
+    def __init__(self, config: ModelConfig, shard: Shard):
+        super().__init__(shard.vocab_rows(config), config.hidden_size)
+        self.shard, self.first_token = shard, shard.first_token(config)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.shard.world_size == 1:
+            return super().forward(input_ids)
+        local = input_ids - self.first_token
+        outside = (local < 0) | (local >= self.num_embeddings)
+        x = super().forward(local.masked_fill(outside, 0)).masked_fill_(outside[:, None], 0)
+        return self.shard.all_reduce(x)
+
+
 class Backbone(nn.Module):
-    def __init__(self, config: ModelConfig, quantization: str):
+    def __init__(self, config: ModelConfig, quantization: str, shard: Shard):
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, quantization) for _ in range(config.num_layers))
+        self.embed_tokens = VocabEmbedding(config, shard)
+        self.layers = nn.ModuleList(DecoderLayer(config, quantization, shard) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
 class GlmForCausalLM(nn.Module):
-    def __init__(self, config: ModelConfig, quantization: str = "none"):
-        """quantization: none, int8 or fp8 (glm_engine/quantization.py) for the decoder layers' projections."""
+    def __init__(self, config: ModelConfig, quantization: str = "none", shard: Shard = Shard()):
+        """quantization: none, int8 or fp8 (glm_engine/quantization.py) for the decoder layers' projections.
+        shard: the part of the model this rank holds (tensor parallelism); by default the whole."""
         super().__init__()
-        self.config = config
-        self.model = Backbone(config, quantization)
+        self.config, self.shard = config, shard
+        self.model = Backbone(config, quantization, shard)
         self.rotary = RotaryEmbedding(config)
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, shard.vocab_rows(config), bias=False)
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
         """input_ids, positions: [tokens]; kv_caches: one (k, v) pair per layer. Returns hidden states [tokens, hidden]."""
@@ -198,8 +222,9 @@ class GlmForCausalLM(nn.Module):
             x = layer(x, self.rotary, angles, kv_cache, meta)
         return self.model.norm(x)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """float32 logits [rows, vocab]; with tensor parallelism on rank 0 only (None on the others)."""
+        return self.shard.gather_vocab(self.lm_head(hidden).float(), self.config.vocab_size)
 
     def quantized_weight_names(self) -> set[str]:
         """The checkpoint tensors to store in 8 bits: the weights of the QuantizedLinear layers, by their Hugging

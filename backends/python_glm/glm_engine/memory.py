@@ -7,6 +7,8 @@ what it needs and what there is, leaving the engines already running untouched.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from safetensors import safe_open
 
@@ -21,9 +23,11 @@ class InsufficientMemory(ValueError):
     """The engine would not fit; the message says how much it needs and how much there is."""
 
 
-def weight_bytes(model_dir: str, dtype: torch.dtype, quantized: set[str] = frozenset()) -> int:
+def weight_bytes(model_dir: str, dtype: torch.dtype, quantized: set[str] = frozenset(),
+                 shape_of: Callable[[str, torch.Size], torch.Size] | None = None) -> int:
     """The checkpoint's weights once loaded in `dtype`, those named in `quantized` in one byte per value and a
-    float32 scale per row (read from the file headers only; an FP8 checkpoint's own scales are not kept)."""
+    float32 scale per row (read from the file headers only; an FP8 checkpoint's own scales are not kept).
+    shape_of: the shape a tensor is loaded in, from its stored one (one rank's part: Shard.split_shape)."""
     total = 0
     for path in safetensors_files(model_dir):
         with safe_open(path, framework="pt", device="cpu") as f:
@@ -31,6 +35,8 @@ def weight_bytes(model_dir: str, dtype: torch.dtype, quantized: set[str] = froze
                 if name.endswith(SCALE_SUFFIXES + UNUSED_SUFFIXES):
                     continue
                 shape = torch.Size(f.get_slice(name).get_shape())
+                if shape_of is not None:
+                    shape = shape_of(name, shape)
                 total += shape.numel() + 4 * shape[0] if name in quantized else shape.numel() * dtype.itemsize
     return total
 

@@ -1,8 +1,15 @@
-"""Tensors in, logits out: loads the model, owns the KV cache tensor and runs one step of the batch."""
+"""Tensors in, logits out: loads the model, owns the KV cache tensor and runs one step of the batch.
+
+A step is first described as plain lists (StepInputs, from the scheduler's SchedulerOutput), then run. With tensor
+parallelism, rank 0's runner sends each step's StepInputs to the other ranks' runners (glm_engine/tp_workers.py),
+which run it with their part of the model: the description is the only thing that crosses processes.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
+from dataclasses import dataclass
 
 import torch
 
@@ -14,14 +21,36 @@ from .glm_model import GlmForCausalLM
 from .memory import RESERVE_BYTES, available_bytes, check_fits, weight_bytes
 from .quantization import resolve_method
 from .scheduler import SchedulerOutput
+from .tensor_parallel import Shard
 
 log = logging.getLogger(__name__)
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+class FatalEngineError(RuntimeError):
+    """The engine cannot go on: a tensor-parallel rank died, or a step failed once the other ranks had started it (they
+    wait in a collective this rank will not reach). Only a new engine, in a new process, can serve again."""
+
+
+def resolve_device(name: str, shard: Shard = Shard()) -> torch.device:
+    """`auto`: CUDA when there is a GPU, else the CPU. Rank r of a tensor-parallel engine takes the r-th GPU from
+    the one named (cuda, cuda:0: GPUs 0 .. N-1; cuda:2: GPUs 2 .. N+1)."""
+    device = torch.device("cuda" if name == "auto" and torch.cuda.is_available() else
+                          "cpu" if name == "auto" else name)
+    if device.type != "cuda":
+        return device
+    index, count = (device.index or 0) + shard.rank, torch.cuda.device_count()
+    if index >= count:
+        who = f"rank {shard.rank} of tensor_parallel_size {shard.world_size}" if shard.world_size > 1 else "it"
+        raise ValueError(f"device {name!r}: {who} needs GPU {index}, and this machine has {count}")
+    return torch.device("cuda", index)
+
+
+def cpu_threads(config: EngineConfig, shard: Shard) -> int:
+    """Threads for torch on the CPU: cpu_threads, else (with tensor parallelism) the cores shared out between the
+    ranks, which run at once; 0 leaves torch's default."""
+    if config.cpu_threads or shard.world_size == 1:
+        return config.cpu_threads
+    return max(1, len(os.sched_getaffinity(0)) // shard.world_size)
 
 
 def decode_kernel_wanted(backend: str, device: torch.device) -> bool:
@@ -39,9 +68,11 @@ def decode_kernel_wanted(backend: str, device: torch.device) -> bool:
     return True
 
 
-def decode_graphs_wanted(config: EngineConfig, device: torch.device, use_decode_kernel: bool) -> bool:
-    """Recording needs CUDA and the decode kernel (the torch path reads context lengths on the host)."""
-    return config.cuda_graph_max_batch > 0 and device.type == "cuda" and use_decode_kernel
+def decode_graphs_wanted(config: EngineConfig, device: torch.device, use_decode_kernel: bool, shard: Shard) -> bool:
+    """Recording needs CUDA and the decode kernel (the torch path reads context lengths on the host). Not with tensor
+    parallelism yet: every rank would have to replay its graph in step, collectives included."""
+    return (config.cuda_graph_max_batch > 0 and device.type == "cuda" and use_decode_kernel
+            and shard.world_size == 1)
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -52,14 +83,48 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
+@dataclass
+class StepInputs:
+    """One step as plain lists: what the forward pass needs, and what rank 0 sends the other ranks."""
+
+    input_ids: list[int]  # the new tokens of every scheduled sequence, in batch order
+    positions: list[int]
+    slots: list[int]  # the KV slot (block * block_size + offset) each new token writes
+    query_lens: list[int]  # new tokens per sequence
+    context_lens: list[int]  # tokens in each sequence's cache after the step
+    block_tables: list[list[int]]
+    sample_rows: list[int]  # the rows whose logits are wanted: each sampling sequence's last new token
+
+    @classmethod
+    def from_step(cls, step: SchedulerOutput, block_size: int) -> "StepInputs":
+        inputs = cls([], [], [], [], [], [], [])
+        for item in step.scheduled:
+            seq, start, count = item.seq, item.start, item.num_new_tokens
+            inputs.input_ids += seq.token_ids[start:start + count]
+            for pos in range(start, start + count):
+                inputs.positions.append(pos)
+                inputs.slots.append(seq.block_table[pos // block_size] * block_size + pos % block_size)
+            inputs.query_lens.append(count)
+            inputs.context_lens.append(start + count)
+            inputs.block_tables.append(seq.block_table)
+            if item.samples:
+                inputs.sample_rows.append(len(inputs.input_ids) - 1)
+        return inputs
+
+
 class ModelRunner:
-    def __init__(self, model_config: ModelConfig, config: EngineConfig, max_model_len: int):
+    def __init__(self, model_config: ModelConfig, config: EngineConfig, max_model_len: int, shard: Shard = Shard()):
+        """shard: the part of the model this runner holds (tensor parallelism; by default the whole). Rank 0's
+        runner then also sends each step to the others (execute); theirs run what it sends (run)."""
         self.model_config = model_config
         self.block_size = config.block_size
-        self.device = resolve_device(config.device)
+        self.shard = shard
+        self.device = resolve_device(config.device, shard)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
-        if config.cpu_threads:
-            torch.set_num_threads(config.cpu_threads)
+        if threads := cpu_threads(config, shard):
+            torch.set_num_threads(threads)
         self.use_decode_kernel = decode_kernel_wanted(config.attention_backend, self.device)
         stored = stored_precision(config.model_dir).method
         self.quantization = resolve_method(config.quantization, stored, self.device)
@@ -69,23 +134,26 @@ class ModelRunner:
 
         # Built on the meta device so no memory is spent on random initial weights, then filled from the files.
         with torch.device("meta"):
-            self.model = GlmForCausalLM(model_config, self.quantization)
+            self.model = GlmForCausalLM(model_config, self.quantization, shard)
         # Named before load_weights fuses q/k/v: the checkpoint's names (the memory check counts them too).
         self.quantized_weight_names = self.model.quantized_weight_names()
         self._check_memory(config, self.quantized_weight_names)
+        shard.barrier()  # no rank loads before every rank (on the CPU, rank 0 for all) has found room
+        split = (lambda name, tensor: shard.split(name, tensor, model_config)) if shard.world_size > 1 else None
         self.model.load_weights(
             load_state_dict(config.model_dir, self.dtype, self.device, self.quantized_weight_names,
-                            self.quantization),
+                            self.quantization, split),
             pack_for_cpu=self.device.type == "cpu")
         self.model.eval()
 
-        use_graphs = decode_graphs_wanted(config, self.device, self.use_decode_kernel)
-        self.num_blocks = config.num_kv_blocks or self._blocks_that_fit(config) - use_graphs
+        use_graphs = decode_graphs_wanted(config, self.device, self.use_decode_kernel, shard)
+        # Every rank's pool has the same blocks (rank 0's block tables hold on all): the smallest that fits on each.
+        self.num_blocks = config.num_kv_blocks or shard.min_over_ranks(self._blocks_that_fit(config) - use_graphs)
         # [layers, k/v, blocks, block_size, kv_heads, head_dim]. Zeroed: masked slots must never hold NaN.
         # With CUDA graphs, one more block than the pool's: the scratch block that padding rows write to.
         kv_cache = torch.zeros(
             model_config.num_layers, 2, self.num_blocks + use_graphs, self.block_size,
-            model_config.num_kv_heads, model_config.head_dim, dtype=self.dtype, device=self.device,
+            shard.num_kv_heads(model_config), model_config.head_dim, dtype=self.dtype, device=self.device,
         )
         # Each layer's (keys, values): views of the one tensor.
         self.kv_caches = [(layer[0], layer[1]) for layer in kv_cache]
@@ -96,19 +164,25 @@ class ModelRunner:
                 max_blocks_per_seq=-(-max_model_len // self.block_size), scratch_block=self.num_blocks,
                 block_size=self.block_size, device=self.device, use_decode_kernel=self.use_decode_kernel,
                 record=self.device.type == "cuda")
-        log.info("model on %s (%s, quantization %s), KV cache %d blocks of %d tokens (%.1f MiB), decode attention: %s",
-                 self.device, self.dtype, self.quantization, self.num_blocks, self.block_size,
+        rank = f"rank {shard.rank} of {shard.world_size}: " if shard.world_size > 1 else ""
+        log.info("%smodel on %s (%s, quantization %s), KV cache %d blocks of %d tokens (%.1f MiB), decode attention: "
+                 "%s", rank, self.device, self.dtype, self.quantization, self.num_blocks, self.block_size,
                  kv_cache.numel() * kv_cache.element_size() / 2**20,
                  "Triton kernel" if self.use_decode_kernel else "torch")
 
     def bytes_per_block(self) -> int:
+        """KV bytes a block takes on this rank (its KV heads)."""
         mc = self.model_config
-        return 2 * mc.num_layers * self.block_size * mc.num_kv_heads * mc.head_dim * self.dtype.itemsize
+        kv_heads = self.shard.num_kv_heads(mc)
+        return 2 * mc.num_layers * self.block_size * kv_heads * mc.head_dim * self.dtype.itemsize
 
     def _check_memory(self, config: EngineConfig, quantized: set[str]) -> None:
         """Before anything is loaded: refuse an engine that cannot fit beside what runs already (InsufficientMemory).
         On CUDA an engine takes gpu_memory_utilization of the device's memory (weights, KV cache, activations), so two
-        versions fit on one GPU when their shares do; on the CPU, its weights and kv_cache_memory_mb."""
+        versions fit on one GPU when their shares do; on the CPU, its weights and kv_cache_memory_mb. With tensor
+        parallelism each rank checks its own GPU; on the CPU, where the ranks share the memory, rank 0 checks them all
+        (each holds about its share of the weights: it counts its own, times the ranks)."""
+        shard = self.shard
         what = f"the engine for {config.model_dir} on {self.device}"
         kv_bytes = config.num_kv_blocks * self.bytes_per_block() if config.num_kv_blocks else None
         if self.device.type == "cuda" and kv_bytes is None:
@@ -117,9 +191,15 @@ class ModelRunner:
             check_fits(what, {f"gpu_memory_utilization {config.gpu_memory_utilization:g}": share},
                        available_bytes(self.device), reserve=0)
             return
-        kv_bytes = kv_bytes if kv_bytes is not None else config.kv_cache_memory_mb * 2**20
-        check_fits(what, {"weights": weight_bytes(config.model_dir, self.dtype, quantized), "KV cache": kv_bytes},
-                   available_bytes(self.device))
+        if self.device.type == "cpu" and shard.rank > 0:
+            return
+        ranks = shard.world_size if self.device.type == "cpu" else 1
+        if ranks > 1:
+            what += f" ({ranks} tensor-parallel ranks)"
+        shape_of = (lambda name, shape: shard.split_shape(name, shape, self.model_config)) if ranks > 1 else None
+        weights = weight_bytes(config.model_dir, self.dtype, quantized, shape_of) * ranks
+        kv_bytes = kv_bytes * ranks if kv_bytes is not None else config.kv_cache_memory_mb * 2**20
+        check_fits(what, {"weights": weights, "KV cache": kv_bytes}, available_bytes(self.device))
 
     def _blocks_that_fit(self, config: EngineConfig) -> int:
         if self.device.type == "cuda":
@@ -128,37 +208,35 @@ class ModelRunner:
             free, total = torch.cuda.mem_get_info(self.device)
             budget = min(int(total * config.gpu_memory_utilization) - torch.cuda.memory_reserved(self.device),
                          free) - RESERVE_BYTES
-        else:
-            budget = config.kv_cache_memory_mb * 2**20
+        else:  # the ranks share the CPU's memory, and the budget: each takes its share
+            budget = config.kv_cache_memory_mb * 2**20 // self.shard.world_size
         num_blocks = budget // self.bytes_per_block()
         if num_blocks < 1:
             raise ValueError(f"no memory left for the KV cache ({budget / 2**20:.0f} MiB budget); "
                              "raise kv_cache_memory_mb / gpu_memory_utilization or set num_kv_blocks")
         return num_blocks
 
-    @torch.inference_mode()
     def execute(self, step: SchedulerOutput) -> torch.Tensor:
-        """Run one step. Returns float32 logits [sequences that sample, vocab], in batch order."""
-        batch = step.scheduled
-        input_ids, positions, slots, last_token_rows = [], [], [], []
-        query_lens, context_lens, tables = [], [], []
-        for item in batch:
-            seq, start, count = item.seq, item.start, item.num_new_tokens
-            input_ids += seq.token_ids[start:start + count]
-            for pos in range(start, start + count):
-                positions.append(pos)
-                slots.append(seq.block_table[pos // self.block_size] * self.block_size + pos % self.block_size)
-            query_lens.append(count)
-            context_lens.append(start + count)
-            tables.append(seq.block_table)
-            if item.samples:
-                last_token_rows.append(len(input_ids) - 1)
+        """Run one step (on every rank). Returns float32 logits [sequences that sample, vocab], in batch order."""
+        inputs = StepInputs.from_step(step, self.block_size)
+        if self.shard.world_size == 1:
+            return self.run(inputs)
+        try:
+            self.shard.broadcast(inputs)
+            return self.run(inputs)
+        except Exception as exc:  # the other ranks may have begun the step: they cannot be brought back in step
+            log.exception("a tensor-parallel step failed on rank 0")
+            raise FatalEngineError("a tensor-parallel step failed after the other ranks began it") from exc
 
+    @torch.inference_mode()
+    def run(self, inputs: StepInputs) -> torch.Tensor | None:
+        """Run one step on this rank's part of the model: logits [sample rows, vocab] on rank 0, None elsewhere."""
+        tables, context_lens = inputs.block_tables, inputs.context_lens
         graphs = self.decode_graphs
-        if graphs is not None and len(batch) == len(input_ids) <= graphs.max_batch:  # one new token per sequence
-            logits = graphs.run(input_ids, positions, slots, tables, context_lens)
+        if graphs is not None and len(tables) == len(inputs.input_ids) <= graphs.max_batch:  # one token a sequence
+            logits = graphs.run(inputs.input_ids, inputs.positions, inputs.slots, tables, context_lens)
             # Row b is sequence b; a one-token prompt chunk that is not the prompt's last does not sample.
-            return logits if len(last_token_rows) == len(batch) else logits[last_token_rows]
+            return logits if len(inputs.sample_rows) == len(tables) else logits[inputs.sample_rows]
 
         max_blocks = max(len(t) for t in tables)
         padded_tables = [t + [0] * (max_blocks - len(t)) for t in tables]
@@ -167,12 +245,12 @@ class ModelRunner:
             return torch.tensor(values, dtype=dtype, device=self.device)
 
         meta = AttentionMetadata(
-            slot_mapping=tensor(slots),
+            slot_mapping=tensor(inputs.slots),
             block_tables=tensor(padded_tables),
             context_lens=tensor(context_lens),
-            query_lens=query_lens,
+            query_lens=inputs.query_lens,
             host_context_lens=context_lens,
             use_decode_kernel=self.use_decode_kernel,
         )
-        hidden = self.model(tensor(input_ids), tensor(positions), self.kv_caches, meta)
-        return self.model.logits(hidden[tensor(last_token_rows)])
+        hidden = self.model(tensor(inputs.input_ids), tensor(inputs.positions), self.kv_caches, meta)
+        return self.model.logits(hidden[tensor(inputs.sample_rows)])

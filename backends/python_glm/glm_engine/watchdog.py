@@ -7,6 +7,8 @@
   would hang with no error and health checks would not notice. The watchdog ends the whole process instead: a dead
   model process is what the launcher's supervisor detects and heals, by restarting the server
   (docs/operations.md).
+- **Fault.** Likewise, at once and whatever stall_timeout_s says, when the engine reports a fault it cannot recover
+  from (a tensor-parallel worker process has died: rank 0 may be waiting for it in a collective).
 """
 
 from __future__ import annotations
@@ -48,11 +50,12 @@ class Watchdog:
             if not self.engine_thread.draining and (grace_s := self._drain_request()) is not None:
                 log.info("draining the engine: new requests are refused, running ones have %.0f s to finish", grace_s)
                 self.engine_thread.drain(grace_s)
-            stalled = self.engine_thread.stalled_for()
-            if self.stall_timeout_s and stalled > self.stall_timeout_s:
+            stalled, reason = self.engine_thread.stalled_for(), self.engine_thread.fault()
+            if reason is None and self.stall_timeout_s and stalled > self.stall_timeout_s:
                 reason = ("the engine thread has died" if stalled == float("inf") else
                           f"the engine thread has made no progress for {stalled:.0f} s (stall_timeout_s "
                           f"{self.stall_timeout_s:g})")
+            if reason is not None:
                 log.critical("%s: ending this model's process so that it is restarted", reason)
                 logging.shutdown()
                 self.exit_process(STALLED_EXIT_STATUS)

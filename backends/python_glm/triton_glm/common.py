@@ -13,6 +13,9 @@ import triton_python_backend_utils as pb_utils
 log = logging.getLogger(__name__)
 
 MODEL_DIR_ENV = "GLM_MODEL_DIR"
+# Overrides glm's tensor_parallel_size parameter (a version's version.json still sets its own): the launcher's
+# --tensor-parallel-size, a container's environment.
+TENSOR_PARALLEL_ENV = "GLM_TENSOR_PARALLEL_SIZE"
 # Triton 2.51 sets the code of every error that a BLS call receives to INTERNAL (triton-inference-server/server
 # issue #7804), so a client error of glm would reach a bls client as HTTP 500. A request that carries this parameter
 # gets each error's code at the start of its message instead ("[INVALID_ARG] ..."), and bls restores it.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import queue
 import threading
 import time
@@ -17,8 +18,8 @@ from glm_engine.output_processor import OutputProcessor, Response
 from glm_engine.tokenizer import GlmTokenizer, same_tokenizer
 from glm_engine.watchdog import Watchdog
 
-from .common import (CODE_IN_MESSAGE, InputError, cut_to_text_length, error_response, internal_error,
-                     optional_scalar, request_parameters, required_array, resolve_model_dir, send_now)
+from .common import (CODE_IN_MESSAGE, TENSOR_PARALLEL_ENV, InputError, cut_to_text_length, error_response,
+                     internal_error, optional_scalar, request_parameters, required_array, resolve_model_dir, send_now)
 from .forwarding import Forwarder
 from .metrics import EngineMetrics
 from .request_params import sampling_params
@@ -35,6 +36,8 @@ class GlmEngineModel:
     def __init__(self, args: dict, parameters: dict[str, str]):
         self.version = int(args["model_version"])
         model_path = args["model_repository"]  # model_repository/glm
+        if os.environ.get(TENSOR_PARALLEL_ENV):
+            parameters["tensor_parallel_size"] = os.environ[TENSOR_PARALLEL_ENV]
         model_dir = version_checkpoint(model_path, self.version, parameters, resolve_model_dir(parameters, args))
         self.config = EngineConfig.from_parameters({**parameters, "model_dir": model_dir})
         self.tokenizer = GlmTokenizer(model_dir)
