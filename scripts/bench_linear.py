@@ -3,10 +3,12 @@
 
     .venv/bin/python scripts/bench_linear.py [--rows 1,32,256,2048] [--repeat 30] [--json F]
 
-Side by side, on the same input: the engine's float32 layer (oneDNN-packed, glm_model.Linear), its int8 layer
-(glm_engine/quantization.py: per-token activation scales, `torch._int_mm`, the epilogue), `_int_mm` alone (what the
-integer product costs without quantizing and rescaling), and fbgemm's dynamic int8 layer (`torch.ao`'s, which
-scales activations per tensor: faster where it is, but a token's result then depends on the rest of the batch).
+Side by side, on the same input: the engine's float32 layer (oneDNN-packed, glm_model.Linear), its int8 layer as the
+engine runs it on this CPU (glm_engine/quantization.py: per-token activation scales, then `torch._int_mm` where the
+CPU has VNNI, else oneDNN's uint8 x int8 product of 7-bit activations; the epilogue), the integer product alone on
+each of those two paths (what it costs without quantizing and rescaling), and fbgemm's dynamic int8 layer
+(`torch.ao`'s, which scales activations per tensor: faster where it is, but a token's result then depends on the rest
+of the batch).
 Prints GFLOP/s-equivalent (2 * rows * in * out / time) and writes JSON.
 """
 
@@ -21,7 +23,8 @@ import warnings
 import torch
 
 from glm_engine.glm_model import Linear
-from glm_engine.quantization import QuantizedLinear, quantize_rows, quantize_weight
+from glm_engine.quantization import (INT7_MAX, QuantizedLinear, cpu_has_int8_dot_product, pack_int8_for_avx2,
+                                     quantize_rows, quantize_weight)
 from glm_tools.demo_model import BENCH_ARCHITECTURE
 
 HIDDEN, INTER = BENCH_ARCHITECTURE["hidden_size"], BENCH_ARCHITECTURE["intermediate_size"]
@@ -46,12 +49,14 @@ def layers(in_features: int, out_features: int):
     dense.pack_for_cpu()
     int8 = QuantizedLinear(in_features, out_features, bias=False, method="int8")
     int8.weight, int8.weight_scale = quantize_weight(weight, "int8")
+    values = int8.weight
+    int8.pack_for_cpu()  # as the engine does: oneDNN's layout where the CPU has no VNNI
     with warnings.catch_warnings():  # torch.ao's quantized tensors are deprecated, and still the fbgemm path
         warnings.simplefilter("ignore")
         qweight = torch.quantize_per_channel(weight, int8.weight_scale.double(), torch.zeros(out_features).long(),
                                              0, torch.qint8)
     packed = torch.ops.quantized.linear_prepack(qweight, None)
-    return dense, int8, packed
+    return dense, int8, values, packed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,21 +65,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=30)
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
-    print(f"[linear] torch {torch.__version__}, {torch.get_num_threads()} threads; GFLOP/s-equivalent", flush=True)
-    print("\n| layer | rows | float32 (oneDNN) | int8 (engine) | int8 vs float32 | _int_mm alone | fbgemm dynamic "
-          "(per-tensor) |\n|---|---:|---:|---:|---:|---:|---:|")
+    vnni = cpu_has_int8_dot_product()
+    print(f"[linear] torch {torch.__version__}, {torch.get_num_threads()} threads, int8 dot product (VNNI/AMX): "
+          f"{'yes: the engine uses _int_mm' if vnni else 'no: the engine uses oneDNN u8 x s8, 7-bit activations'}; "
+          "GFLOP/s-equivalent", flush=True)
+    print("\n| layer | rows | float32 (oneDNN) | int8 (engine) | int8 vs float32 | _int_mm alone | oneDNN u8 x s8 alone "
+          "| fbgemm dynamic (per-tensor) |\n|---|---:|---:|---:|---:|---:|---:|---:|")
     results = []
     with torch.inference_mode():
         for name, (in_features, out_features) in SHAPES.items():
-            dense, int8, packed = layers(in_features, out_features)
+            dense, int8, weight_values, packed = layers(in_features, out_features)
+            weight_t, onednn_weight = weight_values.t(), pack_int8_for_avx2(weight_values)
+            zero_points = torch.zeros(out_features, dtype=torch.long)
             for rows in (int(r) for r in args.rows.split(",")):
                 x = torch.randn(rows, in_features)
                 values, _ = quantize_rows(x, "int8")
-                weight_t = int8.weight.t()
+                shifted = quantize_rows(x, "int8", INT7_MAX)[0].add_(64).view(torch.uint8)
                 times = {
                     "float32": seconds(lambda: dense(x), args.repeat),
                     "int8": seconds(lambda: int8(x), args.repeat),
                     "int_mm_alone": seconds(lambda: torch._int_mm(values, weight_t), args.repeat),
+                    "onednn_u8s8_alone": seconds(lambda: torch.ops.onednn.qlinear_pointwise(
+                        shifted, 1.0, 64, onednn_weight, int8.weight_scale, zero_points, None, 1.0, 0, torch.float32,
+                        "none", [], ""), args.repeat),
                     "fbgemm_dynamic": seconds(lambda: torch.ops.quantized.linear_dynamic(x, packed, False),
                                               args.repeat),
                 }
@@ -85,11 +98,11 @@ def main(argv: list[str] | None = None) -> int:
                 results.append(row)
                 print(f"| {name} [{in_features} x {out_features}] | {rows} | {row['float32_gflops']:.0f} | "
                       f"{row['int8_gflops']:.0f} | {row['int8_vs_float32']:.2f}x | {row['int_mm_alone_gflops']:.0f} | "
-                      f"{row['fbgemm_dynamic_gflops']:.0f} |", flush=True)
+                      f"{row['onednn_u8s8_alone_gflops']:.0f} | {row['fbgemm_dynamic_gflops']:.0f} |", flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"torch": torch.__version__, "threads": torch.get_num_threads(), "results": results}, f,
-                      indent=2)
+            json.dump({"torch": torch.__version__, "threads": torch.get_num_threads(), "int8_dot_product": vnni,
+                       "results": results}, f, indent=2)
         print(f"[linear] wrote {args.json}")
     return 0
 

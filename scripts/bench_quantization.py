@@ -43,6 +43,8 @@ def quantize_lm_head(engine: LLMEngine, model_dir: str, method: str) -> None:
         weight = f.get_tensor("lm_head.weight").float()
     head = QuantizedLinear(weight.shape[1], weight.shape[0], bias=False, method=method)
     head.weight, head.weight_scale = quantize_weight(weight, method)
+    if engine.runner.device.type == "cpu":
+        head.pack_for_cpu()
     engine.runner.model.lm_head = head
 
 

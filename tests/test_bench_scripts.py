@@ -60,8 +60,11 @@ def test_bench_quantization_measures_perplexity_agreement_and_memory(tmp_path):
 def test_bench_linear_times_float_and_int8_layers(tmp_path):
     out = tmp_path / "linear.json"
     run_script("bench_linear.py", "--rows", "1,4", "--repeat", "1", "--json", str(out))
-    results = json.loads(out.read_text())["results"]
-    assert len(results) == 4 * 2 and all(row["int8_gflops"] > 0 and row["float32_gflops"] > 0 for row in results)
+    written = json.loads(out.read_text())
+    results = written["results"]
+    assert len(results) == 4 * 2 and all(row["int8_gflops"] > 0 and row["float32_gflops"] > 0 and
+                                         row["onednn_u8s8_alone_gflops"] > 0 for row in results)
+    assert isinstance(written["int8_dot_product"], bool)
 
 
 def test_bench_output_processor_times_stop_strings_against_a_baseline(demo_model_dir, tmp_path):

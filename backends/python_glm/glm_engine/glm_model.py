@@ -232,7 +232,8 @@ class GlmForCausalLM(nn.Module):
         return {f"{name}.weight" for name, module in self.named_modules() if isinstance(module, QuantizedLinear)}
 
     def load_weights(self, state: dict[str, torch.Tensor], pack_for_cpu: bool = False) -> None:
-        """Load a checkpoint's tensors; `pack_for_cpu` hands the Linear weights to oneDNN where it can."""
+        """Load a checkpoint's tensors; `pack_for_cpu` hands the Linear weights to oneDNN where it can (and int8 ones
+        on CPUs without VNNI: QuantizedLinear.pack_for_cpu)."""
         tied = self.config.tie_word_embeddings and "lm_head.weight" not in state
         if tied:
             state = {**state, "lm_head.weight": state["model.embed_tokens.weight"]}
@@ -246,7 +247,9 @@ class GlmForCausalLM(nn.Module):
             )
         for layer in self.model.layers:
             layer.self_attn.fuse_qkv()
-        if pack_for_cpu and can_pack_for_cpu(self.model.embed_tokens.weight.dtype):
+        if pack_for_cpu:
+            floats = can_pack_for_cpu(self.model.embed_tokens.weight.dtype)
             for module in self.modules():
-                if isinstance(module, Linear) and not (tied and module is self.lm_head):  # a copy would double it
+                tied_head = tied and module is self.lm_head  # shares the embedding's weight: packing would copy it
+                if isinstance(module, QuantizedLinear) or (isinstance(module, Linear) and floats and not tied_head):
                     module.pack_for_cpu()

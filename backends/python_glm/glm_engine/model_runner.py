@@ -19,7 +19,7 @@ from .config import EngineConfig, ModelConfig
 from .cuda_graph import DecodeGraphs, graph_batch_sizes
 from .glm_model import GlmForCausalLM
 from .memory import RESERVE_BYTES, available_bytes, check_fits, weight_bytes
-from .quantization import resolve_method
+from .quantization import cpu_has_int8_dot_product, resolve_method
 from .scheduler import SchedulerOutput
 from .tensor_parallel import Shard
 
@@ -128,6 +128,9 @@ class ModelRunner:
         self.use_decode_kernel = decode_kernel_wanted(config.attention_backend, self.device)
         stored = stored_precision(config.model_dir).method
         self.quantization = resolve_method(config.quantization, stored, self.device)
+        if self.quantization == "int8" and self.device.type == "cpu" and not cpu_has_int8_dot_product():
+            log.info("int8 on a CPU without VNNI: activations in 7 bits through oneDNN's uint8 x int8 product, about "
+                     "float32's speed (docs/quantization.md, CPUs without VNNI)")
         if stored == "fp8" and config.quantization == "auto" and self.quantization == "none":
             log.warning("the FP8 checkpoint %s is served in %s: %s has no FP8 matmuls (quantization int8 keeps the "
                         "weights in 8 bits)", config.model_dir, self.dtype, self.device)

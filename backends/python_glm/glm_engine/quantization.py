@@ -6,7 +6,10 @@ product is computed on the 8-bit values and scaled back by the token's and the c
 result never depends on the other tokens in the batch (one outlier token cannot cost another precision, and a
 request gets the same tokens whoever it is batched with).
 
-- int8: `torch._int_mm` (int8 x int8 -> int32; oneDNN's VNNI kernels on the CPU, cuBLASLt on CUDA).
+- int8: `torch._int_mm` (int8 x int8 -> int32; oneDNN's VNNI kernels on the CPU, cuBLASLt on CUDA). On a CPU
+  without an int8 dot-product instruction (VNNI or AMX: e.g. AVX2-only AMD EPYCs), `_int_mm` falls back to a plain
+  loop (4 GFLOP/s measured, 25x slower than float32); there the layer uses oneDNN's uint8 x int8 product instead,
+  with activations kept to 7 bits (int8_matmul_avx2).
 - fp8: `torch._scaled_mm` on CUDA devices with FP8 tensor cores (compute capability 8.9 and up). Elsewhere it is
   emulated: the 8-bit values are widened to float32 and multiplied there, which gives the numbers FP8 gives (up to
   the order of the sums), not its speed; that is how its quality is measured on the CPU.
@@ -20,6 +23,9 @@ import torch
 from torch import nn
 
 INT8_MAX = 127.0
+# Activations on CPUs without VNNI: AVX2's uint8 x int8 instruction adds pairs of products in 16 bits, which
+# saturate unless the uint8 side keeps to 7 bits (fbgemm's reduce_range does the same).
+INT7_MAX = 63.0
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448
 # A row of zeros gets this largest magnitude instead of 0, so that quantizing it divides by something.
@@ -32,6 +38,18 @@ def fp8_supported(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
+@functools.lru_cache
+def cpu_has_int8_dot_product() -> bool:
+    """Whether this CPU has an int8 dot-product instruction (AVX512-VNNI, AVX-VNNI or AMX), which torch._int_mm's
+    fast CPU path needs. Read from /proc/cpuinfo; elsewhere assumed."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), None)
+    except OSError:
+        return True
+    return flags is None or bool({"avx512_vnni", "avx_vnni", "amx_int8"} & set(flags))
+
+
 def resolve_method(wanted: str, checkpoint_method: str, device: torch.device) -> str:
     """What 'auto' means: the checkpoint's own precision where this device runs it natively, else none (float)."""
     if wanted != "auto":
@@ -41,11 +59,11 @@ def resolve_method(wanted: str, checkpoint_method: str, device: torch.device) ->
     return "none"
 
 
-def quantize_rows(x: torch.Tensor, method: str) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows(x: torch.Tensor, method: str, top: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric per-row quantization of x [rows, cols]: (values int8 / float8_e4m3fn, scales float32 [rows, 1]),
-    with x ~= values * scales. Few operators, as this runs before every 8-bit product: at decode sizes each
-    operator's fixed cost is what the layer spends beside the product."""
-    top = INT8_MAX if method == "int8" else FP8_MAX
+    with x ~= values * scales; values within +-top (default: the type's range). Few operators, as this runs before
+    every 8-bit product: at decode sizes each operator's fixed cost is what the layer spends beside the product."""
+    top = top or (INT8_MAX if method == "int8" else FP8_MAX)
     x32 = x.float()
     # abs().amax(): vector_norm(ord=inf) gives the same and took 7-20x as long on the CPU
     scales = x32.abs().amax(dim=-1, keepdim=True).clamp_(min=MIN_SCALE).div_(top)
@@ -64,6 +82,24 @@ def int8_matmul(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tenso
         values = torch.cat([values, values.new_zeros(17 - rows, values.shape[1])])
     product = torch._int_mm(values, weight.t())[:rows]
     return torch.mul(product, scales).mul_(weight_scale)  # int32 times float32 is float32: no conversion pass
+
+
+def int8_matmul_avx2(x: torch.Tensor, packed_weight: torch.Tensor, weight_scale: torch.Tensor,
+                     zero_points: torch.Tensor) -> torch.Tensor:
+    """int8_matmul for CPUs without VNNI: x [tokens, in] (float) times a weight packed by pack_int8_for_avx2 ->
+    float32 [tokens, out]. Activations are quantized per token to 7 bits (+-63) and shifted by 64 into uint8, which
+    oneDNN's AVX2 kernel multiplies without saturating: the integer sums are exact, then scaled by the weight's
+    channel (inside oneDNN) and by the token."""
+    values, scales = quantize_rows(x, "int8", INT7_MAX)
+    shifted = values.add_(64).view(torch.uint8)  # 1 .. 127: fits int8, so the bits read as uint8 are the same
+    product = torch.ops.onednn.qlinear_pointwise(shifted, 1.0, 64, packed_weight, weight_scale, zero_points, None,
+                                                 1.0, 0, torch.float32, "none", [], "")
+    return product.mul_(scales)
+
+
+def pack_int8_for_avx2(weight: torch.Tensor) -> torch.Tensor:
+    """An int8 weight [out, in] in oneDNN's layout for int8_matmul_avx2."""
+    return torch.ops.onednn.qlinear_prepack(weight, None)
 
 
 def fp8_matmul(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
@@ -90,11 +126,25 @@ class QuantizedLinear(nn.Module):
         self.register_buffer("weight", torch.empty(out_features, in_features, dtype=storage))
         self.register_buffer("weight_scale", torch.empty(out_features, dtype=torch.float32))
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype), requires_grad=False) if bias else None
+        self.packed_weight: torch.Tensor | None = None  # int8 on a CPU without VNNI: see pack_for_cpu
+
+    def pack_for_cpu(self) -> None:
+        """On a CPU without an int8 dot product, hand an int8 weight to oneDNN in its layout (int8_matmul_avx2), in
+        place of the plain one; elsewhere (VNNI, and fp8) nothing changes."""
+        if self.method != "int8" or cpu_has_int8_dot_product():
+            return
+        self.packed_weight = pack_int8_for_avx2(self.weight)
+        self.zero_points = torch.zeros(self.out_features, dtype=torch.long)
+        self.weight = None  # the packed copy replaces it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [tokens, in_features] -> [tokens, out_features] in x's dtype."""
-        matmul = int8_matmul if self.method == "int8" else fp8_matmul
-        out = matmul(x, self.weight, self.weight_scale).to(x.dtype)
+        if self.packed_weight is not None:
+            out = int8_matmul_avx2(x, self.packed_weight, self.weight_scale, self.zero_points)
+        else:
+            matmul = int8_matmul if self.method == "int8" else fp8_matmul
+            out = matmul(x, self.weight, self.weight_scale)
+        out = out.to(x.dtype)
         return out if self.bias is None else out + self.bias
 
     def extra_repr(self) -> str:
