@@ -64,7 +64,8 @@ class EngineThread:
         if self._drain_deadline is not None:
             raise Unavailable(SHUTTING_DOWN)
         if not self._thread.is_alive():
-            raise Unavailable("the engine has stopped after a fault; the server restarts this model: retry")
+            raise Unavailable(SHUTTING_DOWN if self._fatal is None else
+                              "the engine has stopped after a fault; the server restarts this model: retry")
         self.engine.check_request(prompt_token_ids, params)
         with self._queued_lock:
             self.engine.check_admission(len(prompt_token_ids), self._queued_requests, self._queued_tokens)

@@ -36,7 +36,6 @@ _SPLITS = [
     (re.compile(r"^(model\.embed_tokens|lm_head)\.weight$"), "rows", "vocab"),
 ]
 
-
 # Control messages wait as long as the engine is idle: no timeout in practice. A dead peer is seen at once anyway.
 CONTROL_TIMEOUT = datetime.timedelta(days=365)
 
@@ -50,7 +49,7 @@ def check_divisible(config: ModelConfig, world_size: int) -> None:
         problems.append(f"its {config.num_heads} attention heads")
     kv = config.num_kv_heads
     if (kv >= world_size and kv % world_size) or (kv < world_size and world_size % kv):
-        problems.append(f"its {kv} key/value heads (a divisor or a multiple of tensor_parallel_size is needed)")
+        problems.append(f"its {kv} key/value heads (which must be a multiple or a divisor of it)")
     if config.intermediate_size % world_size:
         problems.append(f"its MLP's {config.intermediate_size} channels")
     if problems:
@@ -112,7 +111,7 @@ class Shard:
             return dim, [(start, start + n), (i + start, i + start + n)], 2 * n
         if what == "intermediate":
             return dim, [(self.rank * n, (self.rank + 1) * n)], n
-        start, n = self.first_token(config), self.vocab_rows(config)  # vocab
+        start, n = min(self.first_token(config), config.vocab_size), self.vocab_rows(config)  # vocab
         return dim, [(start, min(start + n, config.vocab_size))], n
 
     def split(self, name: str, tensor: torch.Tensor, config: ModelConfig) -> torch.Tensor:
