@@ -289,7 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--skip-server", action="store_true", help="offline figures only")
     parser.add_argument("--runs", help="comma-separated measurements to make (default: all); "
-                                       "engine_offline, engine_offline_int8, engine_offline_tp2, engine_offline_sampled, "
+                                       "engine_offline, engine_offline_int8, engine_offline_tp2, "
+                                       "engine_offline_sampled, "
                                        "transformers_one_at_a_time, transformers_static_batches, prefix_cache, "
                                        "engine_through_triton, engine_through_triton_int8")
     parser.add_argument("--model-dir", help="benchmark this checkpoint instead of building the benchmark model "

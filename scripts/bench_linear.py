@@ -69,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[linear] torch {torch.__version__}, {torch.get_num_threads()} threads, int8 dot product (VNNI/AMX): "
           f"{'yes: the engine uses _int_mm' if vnni else 'no: the engine uses oneDNN u8 x s8, 7-bit activations'}; "
           "GFLOP/s-equivalent", flush=True)
-    print("\n| layer | rows | float32 (oneDNN) | int8 (engine) | int8 vs float32 | _int_mm alone | oneDNN u8 x s8 alone "
-          "| fbgemm dynamic (per-tensor) |\n|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("\n| layer | rows | float32 (oneDNN) | int8 (engine) | int8 vs float32 | _int_mm alone "
+          "| oneDNN u8 x s8 alone | fbgemm dynamic (per-tensor) |\n|---|---:|---:|---:|---:|---:|---:|---:|")
     results = []
     with torch.inference_mode():
         for name, (in_features, out_features) in SHAPES.items():
