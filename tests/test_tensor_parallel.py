@@ -1,4 +1,4 @@
-"""Tensor parallelism on the CPU over gloo: how the checkpoint is split, the engine with 2, 3 and 4 ranks against one
+"""Tensor parallelism on the CPU over gloo: how the checkpoint is split, the engine with 2, 3 and 6 ranks against one
 rank and against transformers, and what a dead rank does (an error or a restart, never a hang).
 
 Each engine here starts real worker processes (python -m glm_engine.tp_worker_main), as the server does."""
