@@ -222,10 +222,7 @@ def check_engine(raw_config: dict, device: torch.device, num_prompts: int, max_t
     (On the CPU nothing is recorded, so both runs are eager: the smoke run checks only the script.)"""
     from glm_engine import EngineConfig, LLMEngine, SamplingParams
 
-    config = ModelConfig.from_dict(raw_config)
-    generator = torch.Generator().manual_seed(3)
-    lengths = torch.randint(8, 200, (num_prompts,), generator=generator).tolist()
-    prompts = [torch.randint(0, config.vocab_size, (n,), generator=generator).tolist() for n in lengths]
+    prompts = random_prompts(raw_config["vocab_size"], num_prompts, seed=3)
     params = SamplingParams(max_tokens=max_tokens, stop_token_ids=())  # no end token: every prompt runs to the end
     runs = {}
     with tempfile.TemporaryDirectory() as model_dir:
@@ -247,6 +244,13 @@ def check_engine(raw_config: dict, device: torch.device, num_prompts: int, max_t
                  if key != "tokens"}}
     print(f"[engine] {result}", flush=True)
     return result
+
+
+def random_prompts(vocab_size: int, count: int, seed: int) -> list[list[int]]:
+    """`count` prompts of 8-200 random tokens, the same for the same seed."""
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(8, 200, (count,), generator=generator).tolist()
+    return [torch.randint(0, vocab_size, (n,), generator=generator).tolist() for n in lengths]
 
 
 def write_random_checkpoint(raw_config: dict, model_dir: str) -> None:
@@ -299,9 +303,7 @@ def check_tensor_parallel(raw_config: dict, device: torch.device, num_prompts: i
         result = {"sizes": sizes, "skipped": f"{available} GPU: tensor parallelism needs two", "ok": True}
         print(f"[tensor parallel] {result}", flush=True)
         return result
-    generator = torch.Generator().manual_seed(4)
-    prompts = [torch.randint(0, raw_config["vocab_size"], (n,), generator=generator).tolist()
-               for n in torch.randint(8, 200, (num_prompts,), generator=generator).tolist()]
+    prompts = random_prompts(raw_config["vocab_size"], num_prompts, seed=4)
     params = SamplingParams(max_tokens=max_tokens, stop_token_ids=())
     runs = []
     with tempfile.TemporaryDirectory() as model_dir:
@@ -311,6 +313,7 @@ def check_tensor_parallel(raw_config: dict, device: torch.device, num_prompts: i
                                             num_kv_blocks=num_prompts * 32, max_num_seqs=num_prompts,
                                             cuda_graph_max_batch=0, tensor_parallel_size=size))
             try:
+                engine.generate(prompts[:2], SamplingParams(max_tokens=4, stop_token_ids=()))  # warm-up, as above
                 execute, first_logits = engine.runner.execute, []
 
                 def recording_execute(step, execute=execute, first_logits=first_logits):

@@ -34,8 +34,9 @@ class FatalEngineError(RuntimeError):
 def resolve_device(name: str, shard: Shard = Shard()) -> torch.device:
     """`auto`: CUDA when there is a GPU, else the CPU. Rank r of a tensor-parallel engine takes the r-th GPU from
     the one named (cuda, cuda:0: GPUs 0 .. N-1; cuda:2: GPUs 2 .. N+1)."""
-    device = torch.device("cuda" if name == "auto" and torch.cuda.is_available() else
-                          "cpu" if name == "auto" else name)
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
     if device.type != "cuda":
         return device
     index, count = (device.index or 0) + shard.rank, torch.cuda.device_count()
@@ -199,7 +200,8 @@ class ModelRunner:
         ranks = shard.world_size if self.device.type == "cpu" else 1
         if ranks > 1:
             what += f" ({ranks} tensor-parallel ranks)"
-        shape_of = (lambda name, shape: shard.split_shape(name, shape, self.model_config)) if ranks > 1 else None
+        shape_of = (lambda name, shape: shard.split_shape(name, shape, self.model_config)
+                    ) if shard.world_size > 1 else None  # this rank's part (on CUDA, with num_kv_blocks, too)
         weights = weight_bytes(config.model_dir, self.dtype, quantized, shape_of) * ranks
         kv_bytes = kv_bytes * ranks if kv_bytes is not None else config.kv_cache_memory_mb * 2**20
         check_fits(what, {"weights": weights, "KV cache": kv_bytes}, available_bytes(self.device))

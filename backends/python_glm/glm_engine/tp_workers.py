@@ -24,10 +24,10 @@ import sys
 import tempfile
 import time
 
-import torch
 import torch.distributed as dist
 
 from .config import EngineConfig
+from .model_runner import resolve_device
 from .tensor_parallel import Shard, connect
 
 log = logging.getLogger(__name__)
@@ -46,9 +46,7 @@ def python_executable() -> str:
 
 
 def backend_for(config: EngineConfig) -> str:
-    device = config.device
-    on_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
-    return "nccl" if on_cuda else "gloo"
+    return "nccl" if resolve_device(config.device).type == "cuda" else "gloo"
 
 
 class WorkerGroup:
