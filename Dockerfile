@@ -19,11 +19,13 @@ ENV PIP_NO_CACHE_DIR=1 \
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
-# jemalloc: the launcher preloads it (a soak with glibc's malloc grew 446 MB an hour: docs/operations.md). The
-# version is the base image's Ubuntu release's, which the pinned base tag fixes.
+# jemalloc: the launcher preloads it (a soak with glibc's malloc grew 446 MB an hour: docs/operations.md). gcc:
+# the engine compiles its CPU decode-attention kernel for the CPU it runs on, at first use (CPU pods; without a
+# compiler they fall back to the slower torch path). The versions are the base image's Ubuntu release's, which the
+# pinned base tag fixes.
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends libjemalloc2 \
+    && apt-get install -y --no-install-recommends libjemalloc2 gcc libc6-dev \
     && rm -rf /var/lib/apt/lists/*
 
 # Requirements first, so that a change of code does not reinstall torch. PyPI's torch wheel is the CUDA build.

@@ -156,7 +156,7 @@ def decode_inputs(config: ModelConfig, batch: int, context: int, block_size: int
     meta = AttentionMetadata(slot_mapping=slots, block_tables=tables,
                              context_lens=torch.full((batch,), context + 1, device=device),
                              query_lens=[1] * batch, host_context_lens=[context + 1] * batch,
-                             use_decode_kernel=device.type == "cuda")
+                             decode_kernel="triton" if device.type == "cuda" else "torch")
     input_ids = torch.randint(0, config.vocab_size, (batch,), device=device)
     return input_ids, positions, meta, batch * blocks_per_seq
 
@@ -185,7 +185,7 @@ def measure_decode(config: ModelConfig, batches: list[int], context: int, device
         # The engine's own CUDA graphs (glm_engine/cuda_graph.py), fed from host lists as the engine feeds them.
         graphs = DecodeGraphs(model, kv_caches, [batch], max_blocks_per_seq=meta.block_tables.shape[1],
                               scratch_block=num_blocks, block_size=block_size, device=device,
-                              use_decode_kernel=meta.use_decode_kernel, record=device.type == "cuda")
+                              decode_kernel=meta.decode_kernel, record=device.type == "cuda")
         host_inputs = (input_ids.tolist(), positions.tolist(), meta.slot_mapping.tolist(), meta.block_tables.tolist(),
                        meta.host_context_lens)
 

@@ -7,14 +7,17 @@
 (run ./scripts/setup_env.sh requirements-test.txt once first: it installs transformers, the baseline). It measures, on one fixed, seeded mix
 of prompt lengths (16-512 tokens) and output lengths (16-256), every request running to its own length:
   - output tokens/s of the engine offline (all requests submitted at once; greedy, greedy with int8 weights and
-    activations, greedy on two tensor-parallel ranks over gloo (engine_offline_tp2), and sampling with GLM-4's
+    activations, greedy on two tensor-parallel ranks over gloo (engine_offline_tp2), greedy with the torch decode
+    attention instead of the C kernel on the CPU (engine_offline_torch_attention), and sampling with GLM-4's
     default temperature 0.8 and top_p 0.8), of transformers' generate() (greedy)
     (a) one request at a time and (b) in static left-padded batches of --batch-size, and of the engine through
     the real tritonserver with one streaming gRPC client per request, all at once (float32, and int8: the int8 runs
     are compared with the float32 ones of the same round);
   - time to first token and inter-token latency (P50/P99) of the Triton run, as its clients see them;
   - KV waste at the engine's peak: allocated minus used token slots, over allocated;
-  - the prefix-cache speed-up: time to first token of a request with a 1,000-token prefix, cold and then warm.
+  - the prefix-cache speed-up: time to first token of a request with a 1,000-token prefix, cold and then warm;
+  - each run's model GFLOP/s (the workload's FLOPs over its time: model_flops) and, with the matmul_peak run, its
+    share of what float32 matmuls reach here.
 It prints a table and writes JSON. Figures from one run only mean something relative to each other; --repeat N
 runs every measurement N times, round after round, and reports medians.
 """
@@ -34,6 +37,7 @@ import numpy as np
 import torch
 
 from glm_engine import EngineConfig, LLMEngine, SamplingParams
+from glm_engine.config import ModelConfig
 from glm_tools.demo_model import BENCH_ARCHITECTURE, build_demo_model
 from glm_tools.launcher import TritonServer, free_port, model_repository_with
 
@@ -48,15 +52,44 @@ def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
+def model_flops(config: ModelConfig, requests) -> float:
+    """The floating-point operations the workload needs (two a multiply-add): every prompt and output token through
+    the decoder layers' projections and attention over its context, the LM head for every output token. Norms,
+    rotary and sampling are left out; padding and recomputation after preemption are not counted."""
+    c = config
+    projections = c.hidden_size * ((c.num_heads + 2 * c.num_kv_heads) * c.head_dim + 2 * c.intermediate_size) \
+        + c.num_heads * c.head_dim * c.hidden_size + c.intermediate_size * c.hidden_size
+    flops = 0.0
+    for prompt, length in requests:
+        tokens = len(prompt) + length - 1  # the last output token is sampled, never fed back
+        contexts = tokens * (tokens + 1) / 2  # token i attends to i + 1 keys
+        flops += 2 * c.num_layers * (projections * tokens + 2 * c.num_heads * c.head_dim * contexts)
+        flops += 2 * c.hidden_size * c.vocab_size * length
+    return flops
+
+
+def bench_matmul_peak(size: int = 2048, repeats: int = 10) -> dict:
+    """What float32 matmuls reach on this machine: the best of `repeats` [size x size] products, GFLOP/s."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - started)
+    return {"size": size, "seconds": best, "gflop_per_s": 2 * size ** 3 / best / 1e9}
+
+
 # GLM-4's own generation_config.json: what a chat user gets.
 GLM4_SAMPLING = dict(temperature=0.8, top_p=0.8)
 
 
 def bench_engine_offline(model_dir: str, requests, sampling: dict | None = None, quantization: str = "none",
-                         tensor_parallel_size: int = 1) -> dict:
+                         tensor_parallel_size: int = 1, attention_backend: str = "auto") -> dict:
     """Greedy, or with `sampling` settings (each request seeded by its index)."""
     engine = LLMEngine(EngineConfig(model_dir=model_dir, max_num_seqs=len(requests), num_kv_blocks=4096,
-                                    quantization=quantization, tensor_parallel_size=tensor_parallel_size))
+                                    quantization=quantization, tensor_parallel_size=tensor_parallel_size,
+                                    attention_backend=attention_backend))
     for index, (prompt, length) in enumerate(requests):
         settings = dict(sampling, seed=index) if sampling else {}
         engine.add_request(f"b{index}", prompt, SamplingParams(max_tokens=length, stop_token_ids=(), **settings))
@@ -180,11 +213,13 @@ def bench_triton(model_dir: str, requests, outputs=("output_ids", "sequence_leng
 
 # The runs whose output tokens/s are compared, in the order of the table.
 RUNS = ("engine_through_triton", "engine_through_triton_int8", "engine_offline", "engine_offline_int8",
-        "engine_offline_tp2", "engine_offline_sampled", "transformers_static_batches", "transformers_one_at_a_time")
+        "engine_offline_tp2", "engine_offline_torch_attention", "engine_offline_sampled", "transformers_static_batches",
+        "transformers_one_at_a_time")
 # Runs against another run of the same round: (run, the run it is compared with, the ratio's name).
 PAIRS = (("engine_offline_int8", "engine_offline", "vs_float32"),
          ("engine_through_triton_int8", "engine_through_triton", "vs_float32"),
-         ("engine_offline_tp2", "engine_offline", "vs_one_rank"))
+         ("engine_offline_tp2", "engine_offline", "vs_one_rank"),
+         ("engine_offline", "engine_offline_torch_attention", "vs_torch_attention"))
 BASELINES = ("transformers_one_at_a_time", "transformers_static_batches")
 
 
@@ -194,7 +229,9 @@ def measurements(model_dir: str, requests, batch_size: int) -> dict:
         "engine_offline": lambda: bench_engine_offline(model_dir, requests),
         "engine_offline_int8": lambda: bench_engine_offline(model_dir, requests, quantization="int8"),
         "engine_offline_tp2": lambda: bench_engine_offline(model_dir, requests, tensor_parallel_size=2),
+        "engine_offline_torch_attention": lambda: bench_engine_offline(model_dir, requests, attention_backend="torch"),
         "engine_offline_sampled": lambda: bench_engine_offline(model_dir, requests, GLM4_SAMPLING),
+        "matmul_peak": bench_matmul_peak,
         "transformers_one_at_a_time": lambda: bench_transformers(model_dir, requests, 1),
         "transformers_static_batches": lambda: bench_transformers(model_dir, requests, batch_size),
         "prefix_cache": lambda: bench_prefix_cache(model_dir),
@@ -213,9 +250,9 @@ def run_round(runs: dict, names: list[str]) -> dict:
     return results
 
 
-def summarize(rounds: list[dict]) -> dict:
+def summarize(rounds: list[dict], flops: float) -> dict:
     """Medians over rounds. Ratios are taken within each round (side by side), then their median; each figure
-    only where the runs it needs were made."""
+    only where the runs it needs were made. flops: the workload's (model_flops)."""
     def median(values):
         return float(np.median(values))
 
@@ -225,7 +262,11 @@ def summarize(rounds: list[dict]) -> dict:
         if name not in done:
             continue
         rates = [r[name]["tokens_per_s"] for r in rounds]
-        summary[name] = {"tokens_per_s": median(rates), "tokens_per_s_range": [min(rates), max(rates)]}
+        summary[name] = {"tokens_per_s": median(rates), "tokens_per_s_range": [min(rates), max(rates)],
+                         "model_gflop_per_s": median([flops / r[name]["seconds"] / 1e9 for r in rounds])}
+        if "matmul_peak" in done:
+            summary[name]["of_matmul_peak"] = median([flops / r[name]["seconds"] / 1e9
+                                                      / r["matmul_peak"]["gflop_per_s"] for r in rounds])
         for baseline, key in zip(BASELINES, ("vs_one_at_a_time", "vs_static_batches")):
             if baseline in done:
                 summary[name][key] = median([r[name]["tokens_per_s"] / r[baseline]["tokens_per_s"] for r in rounds])
@@ -241,6 +282,8 @@ def summarize(rounds: list[dict]) -> dict:
                                                / r["engine_offline"]["tokens_per_s"] for r in rounds])
     if "engine_offline" in done:
         summary["kv_waste_at_peak"] = median([r["engine_offline"]["kv_waste_at_peak"] for r in rounds])
+    if "matmul_peak" in done:
+        summary["matmul_peak_gflop_per_s"] = median([r["matmul_peak"]["gflop_per_s"] for r in rounds])
     if "prefix_cache" in done:
         summary["prefix_cache"] = {key: median([r["prefix_cache"][key] for r in rounds])
                                    for key in ("prefix_tokens", "ttft_cold_s", "ttft_warm_s", "speedup")}
@@ -252,14 +295,18 @@ def print_summary(summary: dict, num_rounds: int) -> None:
     print()
     if spread:
         print(f"Medians of {num_rounds} rounds; ratios within each round, then their median.")
-    print("| run | output tokens/s | vs transformers one at a time | vs static batches |\n|---|---|---|---|")
+    print("| run | output tokens/s | model GFLOP/s | of the matmul peak | vs transformers one at a time | "
+          "vs static batches |\n|---|---|---|---|---|---|")
     for name in RUNS:
         if name in summary:
             row = summary[name]
             low, high = row["tokens_per_s_range"]
             rate = f"{row['tokens_per_s']:.0f}" + (f" ({low:.0f}-{high:.0f})" if spread else "")
             ratios = [f"{row[key]:.2f}x" if key in row else "-" for key in ("vs_one_at_a_time", "vs_static_batches")]
-            print(f"| {name} | {rate} | {' | '.join(ratios)} |")
+            peak = f"{row['of_matmul_peak'] * 100:.0f}%" if "of_matmul_peak" in row else "-"
+            print(f"| {name} | {rate} | {row['model_gflop_per_s']:.0f} | {peak} | {' | '.join(ratios)} |")
+    if "matmul_peak_gflop_per_s" in summary:
+        print(f"\nfloat32 matmul peak here (2048 x 2048 products): {summary['matmul_peak_gflop_per_s']:.0f} GFLOP/s")
     for name in ("engine_through_triton", "engine_through_triton_int8"):
         if name in summary:
             t = summary[name]
@@ -290,8 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-server", action="store_true", help="offline figures only")
     parser.add_argument("--runs", help="comma-separated measurements to make (default: all); "
                                        "engine_offline, engine_offline_int8, engine_offline_tp2, "
-                                       "engine_offline_sampled, "
+                                       "engine_offline_torch_attention, engine_offline_sampled, "
                                        "transformers_one_at_a_time, transformers_static_batches, prefix_cache, "
+                                       "matmul_peak, "
                                        "engine_through_triton, engine_through_triton_int8")
     parser.add_argument("--model-dir", help="benchmark this checkpoint instead of building the benchmark model "
                                             "(prompts are drawn from its vocabulary)")
@@ -301,9 +349,9 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = args.model_dir
     else:
         model_dir = build_demo_model(os.path.join(tempfile.mkdtemp(), "glm-bench"), architecture=BENCH_ARCHITECTURE)
-    with open(os.path.join(model_dir, "config.json")) as f:
-        vocab = json.load(f)["vocab_size"]
-    requests = workload(args.num_requests, vocab=vocab)
+    config = ModelConfig.from_checkpoint(model_dir)
+    requests = workload(args.num_requests, vocab=config.vocab_size)
+    flops = model_flops(config, requests)
     runs = measurements(model_dir, requests, args.batch_size)
     names = args.runs.split(",") if args.runs else [n for n in runs if not (args.skip_server and "triton" in n)]
     unknown = sorted(set(names) - set(runs))
@@ -311,20 +359,20 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown --runs {unknown}; known: {', '.join(runs)}")
     print(f"[bench] {len(requests)} requests, prompts {min(len(p) for p, _ in requests)}-"
           f"{max(len(p) for p, _ in requests)} tokens, outputs {min(n for _, n in requests)}-"
-          f"{max(n for _, n in requests)} ({sum(n for _, n in requests)} in all); torch threads "
-          f"{torch.get_num_threads()}", flush=True)
+          f"{max(n for _, n in requests)} ({sum(n for _, n in requests)} in all), {flops / 1e9:.0f} GFLOP of model "
+          f"work; torch threads {torch.get_num_threads()}", flush=True)
 
     rounds = []
     for index in range(args.repeat):
         if args.repeat > 1:
             print(f"[bench] round {index + 1} of {args.repeat}", flush=True)
         rounds.append(run_round(runs, names))
-    summary = summarize(rounds)
+    summary = summarize(rounds, flops)
     print_summary(summary, len(rounds))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"num_requests": len(requests), "requested_output_tokens": sum(n for _, n in requests),
-                       "torch_threads": torch.get_num_threads(), "summary": summary, "rounds": rounds}, f, indent=2)
+                       "model_flops": flops, "torch_threads": torch.get_num_threads(), "summary": summary, "rounds": rounds}, f, indent=2)
         print(f"[bench] wrote {args.json}")
     return 0
 

@@ -31,11 +31,12 @@ def test_bench_sampler_times_current_and_baseline_side_by_side(tmp_path):
     assert "speed-up" in completed.stdout
 
 
-def test_bench_engine_offline_counts_every_requested_token_greedy_int8_tp2_and_sampled(demo_model_dir, tmp_path):
+def test_bench_engine_offline_counts_every_requested_token_in_every_variant(demo_model_dir, tmp_path):
     out = tmp_path / "bench.json"
-    runs = ("engine_offline", "engine_offline_int8", "engine_offline_tp2", "engine_offline_sampled")
-    run_script("bench_engine.py", "--model-dir", demo_model_dir, "--num-requests", "3", "--runs", ",".join(runs),
-               "--json", str(out))
+    runs = ("engine_offline", "engine_offline_int8", "engine_offline_tp2", "engine_offline_torch_attention",
+            "engine_offline_sampled")
+    run_script("bench_engine.py", "--model-dir", demo_model_dir, "--num-requests", "3", "--runs",
+               ",".join(runs + ("matmul_peak",)), "--json", str(out))
     written = json.loads(out.read_text())
     (results,) = written["rounds"]
     for name in runs:
@@ -44,6 +45,8 @@ def test_bench_engine_offline_counts_every_requested_token_greedy_int8_tp2_and_s
     assert 0 < written["summary"]["sampled_vs_greedy"]
     assert 0 < written["summary"]["engine_offline_int8"]["vs_float32"]
     assert 0 < written["summary"]["engine_offline_tp2"]["vs_one_rank"]
+    assert 0 < written["summary"]["engine_offline"]["vs_torch_attention"]
+    assert written["model_flops"] > 0 and 0 < written["summary"]["engine_offline"]["of_matmul_peak"]
 
 
 def test_bench_quantization_measures_perplexity_agreement_and_memory(tmp_path):
@@ -65,6 +68,16 @@ def test_bench_linear_times_float_and_int8_layers(tmp_path):
     assert len(results) == 4 * 2 and all(row["int8_gflops"] > 0 and row["float32_gflops"] > 0 and
                                          row["onednn_u8s8_alone_gflops"] > 0 for row in results)
     assert isinstance(written["int8_dot_product"], bool)
+
+
+def test_bench_attention_times_the_c_kernel_against_the_torch_path(tmp_path):
+    out = tmp_path / "attention.json"
+    completed = run_script("bench_attention.py", "--seqs", "3", "--pool-blocks", "256", "--rounds", "2", "--calls",
+                           "2", "--json", str(out))
+    written = json.loads(out.read_text())
+    assert written["largest_difference"] < 1e-5
+    assert all(len(written["rounds"][path]) == 2 for path in ("torch", "c_kernel"))
+    assert written["summary"]["c_kernel_speedup"] > 0 and "x the torch path" in completed.stdout
 
 
 def test_bench_output_processor_times_stop_strings_against_a_baseline(demo_model_dir, tmp_path):

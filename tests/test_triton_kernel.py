@@ -44,7 +44,7 @@ def test_the_engine_decodes_through_the_kernel_as_transformers_does(tiny_model):
 
     model_dir, model = tiny_model
     engine = LLMEngine(EngineConfig(model_dir=model_dir, block_size=8, num_kv_blocks=64, attention_backend="triton"))
-    assert engine.runner.use_decode_kernel
+    assert engine.runner.decode_kernel == "triton"
     requests = {f"k{i}": p for i, p in enumerate(prompts((3, 17, 9), seed=11))}
     assert_matches_reference(model, requests, run_all(engine, requests), max_tokens=GREEDY.max_tokens)
 

@@ -7,6 +7,7 @@ So one function serves prefill, chunked prefill, decode and any mix of them.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -25,8 +26,9 @@ class AttentionMetadata:
     # The same lengths on the host, so that splitting the batch never waits for the device.
     query_lens: list[int]  # new tokens per sequence; sequence b's are rows sum(query_lens[:b]) onwards
     host_context_lens: list[int]
-    # Decode-only steps may use the Triton-language kernel (see ModelRunner for when).
-    use_decode_kernel: bool = False
+    # What attends the decoding rows: "torch" (gather, then SDPA), "triton" (paged_decode_kernel.py, CUDA) or
+    # "cpu" (cpu_decode_kernel.py); ModelRunner picks it (choose_decode_kernel).
+    decode_kernel: str = "torch"
 
     @property
     def decode_only(self) -> bool:
@@ -41,12 +43,9 @@ def write_kv(k_cache, v_cache, k, v, slot_mapping) -> None:
 
 def paged_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """q: [tokens, heads, head_dim] -> [tokens, heads, head_dim], causal within each sequence."""
+    decode_attention = decode_attention_function(meta.decode_kernel)
     if meta.decode_only:  # one token per sequence, in order
-        if meta.use_decode_kernel:
-            from .paged_decode_kernel import paged_decode_attention
-
-            return paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)
-        return _decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)
+        return decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)
 
     # A mixed step: the decoding sequences attend together and each prefilling one on its own, so that no sequence
     # is padded to another's length.
@@ -58,13 +57,26 @@ def paged_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) 
     if decoding:
         seqs = torch.tensor(decoding, device=q.device)
         rows = torch.tensor([starts[b] for b in decoding], device=q.device)
-        out[rows] = _decode_attention(q[rows], k_cache, v_cache, meta.block_tables[seqs], meta.context_lens[seqs],
-                                      scale)
+        out[rows] = decode_attention(q[rows], k_cache, v_cache, meta.block_tables[seqs], meta.context_lens[seqs],
+                                     scale)
     for b, (n, context_len) in enumerate(zip(meta.query_lens, meta.host_context_lens)):
         if n > 1:
             rows = slice(starts[b], starts[b] + n)
             out[rows] = _prefill_attention(q[rows], k_cache, v_cache, meta.block_tables[b], context_len, scale)
     return out
+
+
+@functools.cache
+def decode_attention_function(kernel: str):
+    """The function for one query token per sequence: (q, k_cache, v_cache, block_tables, context_lens, scale).
+    The kernels are imported only where they are used: the Triton one needs `triton`, the CPU one a compiler."""
+    if kernel == "triton":
+        from .paged_decode_kernel import paged_decode_attention
+    elif kernel == "cpu":
+        from .cpu_decode_kernel import paged_decode_attention
+    else:
+        paged_decode_attention = _decode_attention
+    return paged_decode_attention
 
 
 def _prefill_attention(q, k_cache, v_cache, block_table, context_len: int, scale: float) -> torch.Tensor:

@@ -120,8 +120,9 @@ class EngineConfig:
     # Most sequences in one batch, and most tokens (prefill and decode together) in one step.
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
-    # Decode attention: "auto" (the Triton-language kernel on CUDA when `triton` is installed, else torch),
-    # "torch", or "triton" (the kernel on any device: on the CPU only under TRITON_INTERPRET=1, for tests).
+    # Decode attention: "auto" (the Triton-language kernel on CUDA when `triton` is installed; the C kernel on the
+    # CPU in float32 when a C compiler builds it; else torch), "torch", "triton" (the kernel on any device: on the
+    # CPU only under TRITON_INTERPRET=1, for tests) or "cpu" (the C kernel, or an error saying why it cannot run).
     attention_backend: str = "auto"
     # Decode-only steps of up to this many sequences (at most max_num_seqs) replay CUDA graphs, recorded at start-up;
     # 0 turns them off. Only on CUDA with the decode kernel; ignored on the CPU.
@@ -188,8 +189,8 @@ class EngineConfig:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must lie in (0, 1], got {self.gpu_memory_utilization}")
-        if self.attention_backend not in ("auto", "torch", "triton"):
-            raise ValueError(f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}")
+        if self.attention_backend not in ("auto", "torch", "triton", "cpu"):
+            raise ValueError(f"attention_backend must be auto, torch, triton or cpu, got {self.attention_backend!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         if self.quantization not in QUANTIZATION_METHODS:

@@ -27,12 +27,12 @@ def graph_batch_sizes(max_batch: int) -> list[int]:
 
 class DecodeGraphs:
     """record=False runs the same padded, fixed-buffer steps eagerly: that is how the tests check this class on
-    the CPU, where nothing can be recorded. Recording needs the decode kernel, which reads the context lengths on
-    the device; the torch path reads them on the host."""
+    the CPU, where nothing can be recorded. Recording needs the Triton decode kernel, which reads the context lengths
+    on the device; the torch path reads them on the host."""
 
     def __init__(self, model, kv_caches, batch_sizes: list[int], max_blocks_per_seq: int, scratch_block: int,
-                 block_size: int, device: torch.device, use_decode_kernel: bool, record: bool):
-        assert use_decode_kernel or not record, "the torch decode path reads lengths on the host: it cannot record"
+                 block_size: int, device: torch.device, decode_kernel: str, record: bool):
+        assert decode_kernel == "triton" or not record, "only the Triton kernel can be recorded"
         self.model, self.kv_caches = model, kv_caches
         self.batch_sizes = sorted(batch_sizes)
         self.scratch_block = scratch_block
@@ -43,7 +43,7 @@ class DecodeGraphs:
         self.slot_mapping = torch.full((rows,), self.scratch_slot, dtype=torch.long, device=device)
         self.block_tables = torch.full((rows, max_blocks_per_seq), scratch_block, dtype=torch.int32, device=device)
         self.context_lens = torch.ones(rows, dtype=torch.int32, device=device)
-        self.use_decode_kernel = use_decode_kernel
+        self.decode_kernel = decode_kernel
         self._replays = {}
         started = time.perf_counter()
         pool = torch.cuda.graph_pool_handle() if record else None
@@ -89,7 +89,7 @@ class DecodeGraphs:
             context_lens=self.context_lens[:size],
             query_lens=[1] * size,
             host_context_lens=[],  # read by mixed steps only; a recorded graph cannot know them
-            use_decode_kernel=self.use_decode_kernel,
+            decode_kernel=self.decode_kernel,
         )
         hidden = self.model(self.input_ids[:size], self.positions[:size], self.kv_caches, meta)
         return self.model.logits(hidden)

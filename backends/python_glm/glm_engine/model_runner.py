@@ -54,25 +54,41 @@ def cpu_threads(config: EngineConfig, shard: Shard) -> int:
     return max(1, len(os.sched_getaffinity(0)) // shard.world_size)
 
 
-def decode_kernel_wanted(backend: str, device: torch.device) -> bool:
+def choose_decode_kernel(backend: str, device: torch.device, dtype: torch.dtype) -> str:
+    """What attends decode rows (AttentionMetadata.decode_kernel). auto: the Triton-language kernel on CUDA, the C
+    kernel on the CPU in float32, each where it can run, else torch. Asked for by name, a kernel that cannot run
+    here is an error."""
     if backend == "torch":
-        return False
-    if backend == "triton":
-        return True
-    if device.type != "cuda":
-        return False
+        return "torch"
+    if backend == "triton" or (backend == "auto" and device.type == "cuda"):
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            if backend == "triton":
+                raise ValueError("attention_backend triton: the triton package is not installed") from None
+            log.warning("triton is not installed: decode attention uses the torch path")
+            return "torch"
+        return "triton"
+    if device.type != "cpu" or dtype != torch.float32:
+        if backend == "cpu":
+            raise ValueError(f"attention_backend cpu: the C kernel runs float32 on the CPU, not {dtype} on {device}")
+        return "torch"
+    from .cpu_decode_kernel import KernelUnavailable, load
+
     try:
-        import triton  # noqa: F401
-    except ImportError:
-        log.warning("triton is not installed: decode attention uses the torch path")
-        return False
-    return True
+        load()
+    except KernelUnavailable as exc:
+        if backend == "cpu":
+            raise ValueError(f"attention_backend cpu: {exc}") from None
+        log.warning("the C decode kernel is not available (%s): decode attention uses the torch path", exc)
+        return "torch"
+    return "cpu"
 
 
-def decode_graphs_wanted(config: EngineConfig, device: torch.device, use_decode_kernel: bool, shard: Shard) -> bool:
-    """Recording needs CUDA and the decode kernel (the torch path reads context lengths on the host). Not with tensor
-    parallelism yet: every rank would have to replay its graph in step, collectives included."""
-    return (config.cuda_graph_max_batch > 0 and device.type == "cuda" and use_decode_kernel
+def decode_graphs_wanted(config: EngineConfig, device: torch.device, decode_kernel: str, shard: Shard) -> bool:
+    """Recording needs CUDA and the Triton decode kernel (the torch path reads context lengths on the host). Not with
+    tensor parallelism yet: every rank would have to replay its graph in step, collectives included."""
+    return (config.cuda_graph_max_batch > 0 and device.type == "cuda" and decode_kernel == "triton"
             and shard.world_size == 1)
 
 
@@ -124,9 +140,9 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        self.decode_kernel = choose_decode_kernel(config.attention_backend, self.device, self.dtype)
         if threads := cpu_threads(config, shard):
             torch.set_num_threads(threads)
-        self.use_decode_kernel = decode_kernel_wanted(config.attention_backend, self.device)
         stored = stored_precision(config.model_dir).method
         self.quantization = resolve_method(config.quantization, stored, self.device)
         if self.quantization == "int8" and self.device.type == "cpu" and not cpu_has_int8_dot_product():
@@ -150,7 +166,7 @@ class ModelRunner:
             pack_for_cpu=self.device.type == "cpu")
         self.model.eval()
 
-        use_graphs = decode_graphs_wanted(config, self.device, self.use_decode_kernel, shard)
+        use_graphs = decode_graphs_wanted(config, self.device, self.decode_kernel, shard)
         # Every rank's pool has the same blocks (rank 0's block tables hold on all): the smallest that fits on each.
         self.num_blocks = config.num_kv_blocks or shard.min_over_ranks(self._blocks_that_fit(config) - use_graphs)
         # [layers, k/v, blocks, block_size, kv_heads, head_dim]. Zeroed: masked slots must never hold NaN.
@@ -166,13 +182,13 @@ class ModelRunner:
             self.decode_graphs = DecodeGraphs(
                 self.model, self.kv_caches, graph_batch_sizes(min(config.cuda_graph_max_batch, config.max_num_seqs)),
                 max_blocks_per_seq=-(-max_model_len // self.block_size), scratch_block=self.num_blocks,
-                block_size=self.block_size, device=self.device, use_decode_kernel=self.use_decode_kernel,
+                block_size=self.block_size, device=self.device, decode_kernel=self.decode_kernel,
                 record=self.device.type == "cuda")
         rank = f"rank {shard.rank} of {shard.world_size}: " if shard.world_size > 1 else ""
         log.info("%smodel on %s (%s, quantization %s), KV cache %d blocks of %d tokens (%.1f MiB), decode attention: "
                  "%s", rank, self.device, self.dtype, self.quantization, self.num_blocks, self.block_size,
                  kv_cache.numel() * kv_cache.element_size() / 2**20,
-                 "Triton kernel" if self.use_decode_kernel else "torch")
+                 {"triton": "Triton kernel", "cpu": "C kernel"}.get(self.decode_kernel, "torch"))
 
     def bytes_per_block(self) -> int:
         """KV bytes a block takes on this rank (its KV heads)."""
@@ -255,7 +271,7 @@ class ModelRunner:
             context_lens=tensor(context_lens),
             query_lens=inputs.query_lens,
             host_context_lens=context_lens,
-            use_decode_kernel=self.use_decode_kernel,
+            decode_kernel=self.decode_kernel,
         )
         hidden = self.model(tensor(inputs.input_ids), tensor(inputs.positions), self.kv_caches, meta)
         return self.model.logits(hidden[tensor(inputs.sample_rows)])

@@ -22,6 +22,8 @@ import functools
 import torch
 from torch import nn
 
+from .cpu_info import cpu_flags
+
 INT8_MAX = 127.0
 # Activations on CPUs without VNNI: AVX2's uint8 x int8 instruction adds pairs of products in 16 bits, which
 # saturate unless the uint8 side keeps to 7 bits (fbgemm's reduce_range does the same).
@@ -38,16 +40,11 @@ def fp8_supported(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
-@functools.lru_cache
 def cpu_has_int8_dot_product() -> bool:
     """Whether this CPU has an int8 dot-product instruction (AVX512-VNNI, AVX-VNNI or AMX), which torch._int_mm's
-    fast CPU path needs. Read from /proc/cpuinfo; elsewhere assumed."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), None)
-    except OSError:
-        return True
-    return flags is None or bool({"avx512_vnni", "avx_vnni", "amx_int8"} & set(flags))
+    fast CPU path needs. Assumed where /proc/cpuinfo does not say."""
+    flags = cpu_flags()
+    return flags is None or bool({"avx512_vnni", "avx_vnni", "amx_int8"} & flags)
 
 
 def resolve_method(wanted: str, checkpoint_method: str, device: torch.device) -> str:
