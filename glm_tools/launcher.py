@@ -407,25 +407,36 @@ class Stub(NamedTuple):
     instance: str
 
 
-def stub_processes(server_pid: int) -> dict[int, Stub]:
-    """The live Python stub processes of the server `server_pid` (the leader of their process group), by pid, from
-    the command line Triton gives each: the model's <repository>/<model>/<version>/model.py, then the instance."""
-    stubs = {}
+def live_processes(wanted) -> dict[int, tuple[str, list[str]]]:
+    """pid -> (name, argv) of the live processes for which wanted(pid, name) holds. Those that exit meanwhile, and the
+    dead ones not yet reaped (zombies, which have no command line), are left out; wanted may read /proc itself."""
+    found = {}
     for proc in glob.glob("/proc/[0-9]*"):
         pid = int(proc[6:])
         try:
             with open(f"{proc}/comm") as f:
-                if f.read().strip() != STUB_NAME or os.getpgid(pid) != server_pid:
-                    continue
+                name = f.read().strip()
+            if not wanted(pid, name):
+                continue
             with open(f"{proc}/cmdline", "rb") as f:
-                argv = f.read().decode(errors="replace").split("\0")
+                command = f.read()
         except (OSError, ValueError):  # it exited meanwhile
             continue
-        if len(argv) > 1:  # a dead one not yet reaped (a zombie) has no command line
-            version_dir = os.path.dirname(argv[1])
-            model = os.path.basename(os.path.dirname(version_dir))
-            instance = next((arg for arg in argv[2:] if arg.startswith(model + "_")), model)
-            stubs[pid] = Stub(model, os.path.basename(version_dir), instance)
+        if command:
+            found[pid] = (name, command.decode(errors="replace").split("\0"))
+    return found
+
+
+def stub_processes(server_pid: int) -> dict[int, Stub]:
+    """The live Python stub processes of the server `server_pid` (the leader of their process group), by pid, from
+    the command line Triton gives each: the model's <repository>/<model>/<version>/model.py, then the instance."""
+    stubs = {}
+    in_group = live_processes(lambda pid, name: name == STUB_NAME and os.getpgid(pid) == server_pid)
+    for pid, (_, argv) in in_group.items():
+        version_dir = os.path.dirname(argv[1])
+        model = os.path.basename(os.path.dirname(version_dir))
+        instance = next((arg for arg in argv[2:] if arg.startswith(model + "_")), model)
+        stubs[pid] = Stub(model, os.path.basename(version_dir), instance)
     return stubs
 
 

@@ -229,7 +229,7 @@ def greedy_text(http_url: str, prompt: str) -> str:
 def tp_workers_of(launcher_pid: int) -> tuple[int, list[int]]:
     """(the glm stub's pid, the pids of the tensor-parallel workers it started) under a launcher."""
     stub = glm_stub_of(launcher_pid)
-    return stub, [pid for pid, (_, command) in child_processes(stub).items() if b"glm_engine.tp_worker_main" in command]
+    return stub, [pid for pid, (_, argv) in child_processes(stub).items() if "glm_engine.tp_worker_main" in argv]
 
 
 @pytest.mark.integration

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import glob
 import json
 import os
 import re
@@ -16,8 +15,8 @@ import time
 import requests
 
 from . import REPO
-from glm_tools.launcher import (MODEL_REPOSITORY, TritonServer, free_port, model_repository_with, start_openai_front,
-                                stub_processes, wait_for_openai_front)
+from glm_tools.launcher import (MODEL_REPOSITORY, TritonServer, free_port, live_processes, model_repository_with,
+                                start_openai_front, stub_processes, wait_for_openai_front)
 
 # The key the tests' OpenAI front wants.
 OPENAI_API_KEY = "sk-test-key"
@@ -128,24 +127,13 @@ def ready(http_port: int) -> bool:
         return False
 
 
-def child_processes(parent_pid: int) -> dict[int, tuple[str, bytes]]:
-    """The live children of a process: pid -> (name, command line)."""
-    children = {}
-    for proc in glob.glob("/proc/[0-9]*"):
-        try:
-            with open(f"{proc}/stat") as f:
-                parent = int(f.read().rsplit(")", 1)[1].split()[1])
-            if parent != parent_pid:
-                continue
-            with open(f"{proc}/comm") as f:
-                name = f.read().strip()
-            with open(f"{proc}/cmdline", "rb") as f:
-                command = f.read()
-        except OSError:  # it exited meanwhile
-            continue
-        if command:  # a dead one not yet reaped has none
-            children[int(proc[6:])] = (name, command)
-    return children
+def child_processes(parent_pid: int) -> dict[int, tuple[str, list[str]]]:
+    """The live children of a process: pid -> (name, argv)."""
+    def parent(pid: int) -> int:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+
+    return live_processes(lambda pid, name: parent(pid) == parent_pid)
 
 
 @contextlib.contextmanager
