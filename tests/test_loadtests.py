@@ -61,8 +61,12 @@ def test_a_short_headless_run_of_every_user_class(trained_server, tmp_path):
     # --max-requests ended the run long before --run-time (which would have given well over 100 requests).
     assert run["users"] == 4 and run["failures"] == 0 and 4 < run["requests"] <= 24 + 4
     assert run["requests_per_s"] > 0 and run["output_tokens_per_s"] > 0
-    for key in ("latency_ms", "ttft_ms", "itl_ms"):
+    for key in ("latency_ms", "ttft_ms"):
         assert 0 < run[key]["p50"] <= run[key]["p95"] <= run[key]["p99"], (key, run[key])
+    # Locust rounds times under 100 ms to whole milliseconds, and tokens that reach the client in one read (a busy
+    # machine coalesces events) are under half of one apart: the ITL median may be 0, its tail may not.
+    assert 0 <= run["itl_ms"]["p50"] <= run["itl_ms"]["p95"] <= run["itl_ms"]["p99"], run["itl_ms"]
+    assert run["itl_ms"]["p99"] > 0, run["itl_ms"]
     # Each user class recorded its requests, and the streaming ones their TTFT and ITL, as separate entries.
     for name in ("generate", "generate_stream", "generate_stream TTFT", "generate_stream ITL", "grpc_stream",
                  "grpc_stream TTFT", "grpc_stream ITL", "chat_stream", "chat_stream TTFT", "chat_stream ITL"):
