@@ -20,8 +20,8 @@ ENV PIP_NO_CACHE_DIR=1 \
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 # jemalloc: the launcher preloads it (a soak with glibc's malloc grew 446 MB an hour: docs/operations.md). gcc:
-# the engine compiles its CPU decode-attention kernel for the CPU it runs on, at first use (CPU pods; without a
-# compiler they fall back to the slower torch path). The versions are the base image's Ubuntu release's, which the
+# the engine compiles its CPU kernels (decode attention, the layers' products and norms) for the CPU it runs on, at
+# first use (CPU pods; without a compiler they fall back to the slower torch paths). The versions are the base image's Ubuntu release's, which the
 # pinned base tag fixes.
 # hadolint ignore=DL3008
 RUN apt-get update \

@@ -8,7 +8,8 @@
 of prompt lengths (16-512 tokens) and output lengths (16-256), every request running to its own length:
   - output tokens/s of the engine offline (all requests submitted at once; greedy, greedy with int8 weights and
     activations, greedy on two tensor-parallel ranks over gloo (engine_offline_tp2), greedy with the torch decode
-    attention instead of the C kernel on the CPU (engine_offline_torch_attention), and sampling with GLM-4's
+    attention instead of the C kernel on the CPU (engine_offline_torch_attention), greedy with the layers' float work
+    in oneDNN and torch instead of the C kernels (engine_offline_torch_layers), and sampling with GLM-4's
     default temperature 0.8 and top_p 0.8), of transformers' generate() (greedy)
     (a) one request at a time and (b) in static left-padded batches of --batch-size, and of the engine through
     the real tritonserver with one streaming gRPC client per request, all at once (float32, and int8: the int8 runs
@@ -85,11 +86,12 @@ GLM4_SAMPLING = dict(temperature=0.8, top_p=0.8)
 
 
 def bench_engine_offline(model_dir: str, requests, sampling: dict | None = None, quantization: str = "none",
-                         tensor_parallel_size: int = 1, attention_backend: str = "auto") -> dict:
+                         tensor_parallel_size: int = 1, attention_backend: str = "auto",
+                         layer_backend: str = "auto") -> dict:
     """Greedy, or with `sampling` settings (each request seeded by its index)."""
     engine = LLMEngine(EngineConfig(model_dir=model_dir, max_num_seqs=len(requests), num_kv_blocks=4096,
                                     quantization=quantization, tensor_parallel_size=tensor_parallel_size,
-                                    attention_backend=attention_backend))
+                                    attention_backend=attention_backend, layer_backend=layer_backend))
     for index, (prompt, length) in enumerate(requests):
         settings = dict(sampling, seed=index) if sampling else {}
         engine.add_request(f"b{index}", prompt, SamplingParams(max_tokens=length, stop_token_ids=(), **settings))
@@ -213,13 +215,15 @@ def bench_triton(model_dir: str, requests, outputs=("output_ids", "sequence_leng
 
 # The runs whose output tokens/s are compared, in the order of the table.
 RUNS = ("engine_through_triton", "engine_through_triton_int8", "engine_offline", "engine_offline_int8",
-        "engine_offline_tp2", "engine_offline_torch_attention", "engine_offline_sampled", "transformers_static_batches",
+        "engine_offline_tp2", "engine_offline_torch_attention", "engine_offline_torch_layers", "engine_offline_sampled",
+        "transformers_static_batches",
         "transformers_one_at_a_time")
 # Runs against another run of the same round: (run, the run it is compared with, the ratio's name).
 PAIRS = (("engine_offline_int8", "engine_offline", "vs_float32"),
          ("engine_through_triton_int8", "engine_through_triton", "vs_float32"),
          ("engine_offline_tp2", "engine_offline", "vs_one_rank"),
-         ("engine_offline", "engine_offline_torch_attention", "vs_torch_attention"))
+         ("engine_offline", "engine_offline_torch_attention", "vs_torch_attention"),
+         ("engine_offline", "engine_offline_torch_layers", "vs_torch_layers"))
 BASELINES = ("transformers_one_at_a_time", "transformers_static_batches")
 
 
@@ -230,6 +234,7 @@ def measurements(model_dir: str, requests, batch_size: int) -> dict:
         "engine_offline_int8": lambda: bench_engine_offline(model_dir, requests, quantization="int8"),
         "engine_offline_tp2": lambda: bench_engine_offline(model_dir, requests, tensor_parallel_size=2),
         "engine_offline_torch_attention": lambda: bench_engine_offline(model_dir, requests, attention_backend="torch"),
+        "engine_offline_torch_layers": lambda: bench_engine_offline(model_dir, requests, layer_backend="torch"),
         "engine_offline_sampled": lambda: bench_engine_offline(model_dir, requests, GLM4_SAMPLING),
         "matmul_peak": bench_matmul_peak,
         "transformers_one_at_a_time": lambda: bench_transformers(model_dir, requests, 1),
@@ -337,7 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-server", action="store_true", help="offline figures only")
     parser.add_argument("--runs", help="comma-separated measurements to make (default: all); "
                                        "engine_offline, engine_offline_int8, engine_offline_tp2, "
-                                       "engine_offline_torch_attention, engine_offline_sampled, "
+                                       "engine_offline_torch_attention, engine_offline_torch_layers, "
+                                       "engine_offline_sampled, "
                                        "transformers_one_at_a_time, transformers_static_batches, prefix_cache, "
                                        "matmul_peak, "
                                        "engine_through_triton, engine_through_triton_int8")

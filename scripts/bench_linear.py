@@ -3,7 +3,8 @@
 
     .venv/bin/python scripts/bench_linear.py [--rows 1,32,256,2048] [--repeat 30] [--json F]
 
-Side by side, on the same input: the engine's float32 layer (oneDNN-packed, glm_model.Linear), its int8 layer as the
+Side by side, on the same input: the float32 layer (glm_model.Linear) packed for oneDNN and for the C kernel
+(glm_engine/cpu_linear_kernel.c, the engine's default on the CPU), the engine's int8 layer as the
 engine runs it on this CPU (glm_engine/quantization.py: per-token activation scales, then `torch._int_mm` where the
 CPU has VNNI, else oneDNN's uint8 x int8 product of 7-bit activations; the epilogue), the integer product alone on
 each of those two paths (what it costs without quantizing and rescaling), and fbgemm's dynamic int8 layer
@@ -46,7 +47,10 @@ def layers(in_features: int, out_features: int):
     weight = torch.randn(out_features, in_features) * 0.05
     dense = Linear(in_features, out_features, bias=False)
     dense.weight = torch.nn.Parameter(weight, requires_grad=False)
-    dense.pack_for_cpu()
+    dense_c = Linear(in_features, out_features, bias=False)
+    dense_c.weight = torch.nn.Parameter(weight, requires_grad=False)
+    dense.pack_for_cpu("onednn")
+    dense_c.pack_for_cpu("cpu")  # the engine's float32 layer where the C kernel builds
     int8 = QuantizedLinear(in_features, out_features, bias=False, method="int8")
     int8.weight, int8.weight_scale = quantize_weight(weight, "int8")
     values = int8.weight
@@ -56,7 +60,7 @@ def layers(in_features: int, out_features: int):
         qweight = torch.quantize_per_channel(weight, int8.weight_scale.double(), torch.zeros(out_features).long(),
                                              0, torch.qint8)
     packed = torch.ops.quantized.linear_prepack(qweight, None)
-    return dense, int8, values, packed
+    return dense, dense_c, int8, values, packed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,12 +73,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[linear] torch {torch.__version__}, {torch.get_num_threads()} threads, int8 dot product (VNNI/AMX): "
           f"{'yes: the engine uses _int_mm' if vnni else 'no: the engine uses oneDNN u8 x s8, 7-bit activations'}; "
           "GFLOP/s-equivalent", flush=True)
-    print("\n| layer | rows | float32 (oneDNN) | int8 (engine) | int8 vs float32 | _int_mm alone "
-          "| oneDNN u8 x s8 alone | fbgemm dynamic (per-tensor) |\n|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("\n| layer | rows | float32 (oneDNN) | float32 (C kernel) | int8 (engine) | int8 vs float32 (oneDNN) "
+          "| _int_mm alone "
+          "| oneDNN u8 x s8 alone | fbgemm dynamic (per-tensor) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     results = []
     with torch.inference_mode():
         for name, (in_features, out_features) in SHAPES.items():
-            dense, int8, weight_values, packed = layers(in_features, out_features)
+            dense, dense_c, int8, weight_values, packed = layers(in_features, out_features)
             weight_t, onednn_weight = weight_values.t(), pack_int8_for_avx2(weight_values)
             zero_points = torch.zeros(out_features, dtype=torch.long)
             for rows in (int(r) for r in args.rows.split(",")):
@@ -83,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                 shifted = quantize_rows(x, "int8", INT7_MAX)[0].add_(64).view(torch.uint8)
                 times = {
                     "float32": seconds(lambda: dense(x), args.repeat),
+                    "float32_c": seconds(lambda: dense_c(x), args.repeat),
                     "int8": seconds(lambda: int8(x), args.repeat),
                     "int_mm_alone": seconds(lambda: torch._int_mm(values, weight_t), args.repeat),
                     "onednn_u8s8_alone": seconds(lambda: torch.ops.onednn.qlinear_pointwise(
@@ -97,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                        "int8_vs_float32": times["float32"] / times["int8"]}
                 results.append(row)
                 print(f"| {name} [{in_features} x {out_features}] | {rows} | {row['float32_gflops']:.0f} | "
+                      f"{row['float32_c_gflops']:.0f} | "
                       f"{row['int8_gflops']:.0f} | {row['int8_vs_float32']:.2f}x | {row['int_mm_alone_gflops']:.0f} | "
                       f"{row['onednn_u8s8_alone_gflops']:.0f} | {row['fbgemm_dynamic_gflops']:.0f} |", flush=True)
     if args.json:

@@ -34,7 +34,7 @@ def test_bench_sampler_times_current_and_baseline_side_by_side(tmp_path):
 def test_bench_engine_offline_counts_every_requested_token_in_every_variant(demo_model_dir, tmp_path):
     out = tmp_path / "bench.json"
     runs = ("engine_offline", "engine_offline_int8", "engine_offline_tp2", "engine_offline_torch_attention",
-            "engine_offline_sampled")
+            "engine_offline_torch_layers", "engine_offline_sampled")
     run_script("bench_engine.py", "--model-dir", demo_model_dir, "--num-requests", "3", "--runs",
                ",".join(runs + ("matmul_peak",)), "--json", str(out))
     written = json.loads(out.read_text())
@@ -46,6 +46,7 @@ def test_bench_engine_offline_counts_every_requested_token_in_every_variant(demo
     assert 0 < written["summary"]["engine_offline_int8"]["vs_float32"]
     assert 0 < written["summary"]["engine_offline_tp2"]["vs_one_rank"]
     assert 0 < written["summary"]["engine_offline"]["vs_torch_attention"]
+    assert 0 < written["summary"]["engine_offline"]["vs_torch_layers"]
     assert written["model_flops"] > 0 and 0 < written["summary"]["engine_offline"]["of_matmul_peak"]
 
 

@@ -27,20 +27,21 @@ def test_sharded_checkpoint_loads_and_matches(tiny_model, tmp_path):
     assert LLMEngine(EngineConfig(model_dir=sharded, num_kv_blocks=16)).generate([prompt], params) == single
 
 
+@pytest.mark.parametrize("kernel", ["cpu", "onednn"])
 @pytest.mark.parametrize("bias", [False, True])
-def test_a_linear_layer_packed_for_onednn_computes_the_same(bias):
-    """On the CPU, Linear weights are packed for oneDNN (glm_model.Linear); CUDA keeps nn.Linear's."""
+def test_a_linear_layer_packed_for_a_cpu_kernel_computes_the_same(bias, kernel):
+    """On the CPU, Linear weights are packed for the C kernel or oneDNN (glm_model.Linear); CUDA keeps nn.Linear's."""
     import torch
 
     from glm_engine.glm_model import Linear, can_pack_for_cpu
 
-    if not can_pack_for_cpu(torch.float32):
+    if kernel == "onednn" and not can_pack_for_cpu(torch.float32):
         pytest.skip("this torch build has no oneDNN")
     torch.manual_seed(0)
     layer = Linear(24, 40, bias=bias)
     x = torch.randn(7, 24)
     expected = [layer(x[:1]), layer(x)]
-    layer.pack_for_cpu()
+    layer.pack_for_cpu(kernel)
     assert layer.weight is None and layer.packed_weight is not None
     for got, want in zip([layer(x[:1]), layer(x)], expected):
         torch.testing.assert_close(got, want)

@@ -124,6 +124,11 @@ class EngineConfig:
     # CPU in float32 when a C compiler builds it; else torch), "torch", "triton" (the kernel on any device: on the
     # CPU only under TRITON_INTERPRET=1, for tests) or "cpu" (the C kernel, or an error saying why it cannot run).
     attention_backend: str = "auto"
+    # The decoder layers' float work on the CPU: "auto" (the C kernels, when a C compiler builds them, in float32:
+    # linear products, cpu_linear_kernel.c; RMSNorm with the residual addition and SiLU * up,
+    # cpu_elementwise_kernel.c; else torch), "torch" (oneDNN's products, torch's operators), or "cpu" (the C kernels,
+    # or an error saying why they cannot run). Ignored on CUDA; int8 / fp8 products keep their own path.
+    layer_backend: str = "auto"
     # Decode-only steps of up to this many sequences (at most max_num_seqs) replay CUDA graphs, recorded at start-up;
     # 0 turns them off. Only on CUDA with the decode kernel; ignored on the CPU.
     cuda_graph_max_batch: int = 64
@@ -191,6 +196,8 @@ class EngineConfig:
             raise ValueError(f"gpu_memory_utilization must lie in (0, 1], got {self.gpu_memory_utilization}")
         if self.attention_backend not in ("auto", "torch", "triton", "cpu"):
             raise ValueError(f"attention_backend must be auto, torch, triton or cpu, got {self.attention_backend!r}")
+        if self.layer_backend not in ("auto", "torch", "cpu"):
+            raise ValueError(f"layer_backend must be auto, torch or cpu, got {self.layer_backend!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         if self.quantization not in QUANTIZATION_METHODS:

@@ -5,13 +5,13 @@
  * (a shared object linked with it would switch the whole process to flush-to-zero). No torch headers: plain C and
  * OpenMP, whose runtime is the one torch has already loaded.
  *
- * Work items are (sequence, KV head) pairs, shared out between threads. Each item computes, for the query heads
- * that share its KV head, the scores against every key of the context, an exact softmax over them, then the
- * weighted sum of the values: keys read once, values read once, whatever the group size. Nothing depends on the
- * other sequences of the batch, so a sequence's output is the same whatever it is batched with.
+ * Work items are sequences (or, with few sequences, (sequence, KV head) pairs), shared out between threads. For
+ * each KV head of an item, its query heads' scores against every key of the context, an exact softmax over them,
+ * then the weighted sum of the values: keys read once, values read once, whatever the group size. Nothing depends
+ * on the other sequences of the batch, so a sequence's output is the same whatever it is batched with.
  *
  * Eight floats at a time through GCC's vector extension (AVX2 or AVX-512 on x86, NEON on Arm, as -march=native
- * allows), four query heads at a time, so that the products of one key or value run in independent sums.
+ * allows), four query heads and two keys at a time, so that the products run in independent sums.
  */
 
 #include <math.h>
@@ -108,12 +108,53 @@ static void add_block_values(float *acc, const float *p, int64_t len, const floa
                 acc[h * head_dim + d] += p[h * len + s] * v[s * slot_stride + d];
 }
 
-/* Ask for one KV head's rows of a block before they are needed: blocks lie anywhere in the pool, where the
- * hardware prefetcher cannot follow. */
-static void prefetch_block(const float *rows, int64_t slots, int64_t slot_stride, int64_t head_dim)
+typedef int32_t ivec8 __attribute__((vector_size(32)));
+
+/* Adjacent pairs of a and b summed, within each half: [a0+a1, a2+a3, b0+b1, b2+b3, a4+a5, a6+a7, b4+b5, b6+b7]. */
+static inline vec8 pair_sums(vec8 a, vec8 b)
+{
+    const ivec8 even = {0, 2, 8, 10, 4, 6, 12, 14}, odd = {1, 3, 9, 11, 5, 7, 13, 15};
+    return __builtin_shuffle(a, b, even) + __builtin_shuffle(a, b, odd);
+}
+
+/* [sum(v0), sum(v1), ..., sum(v7)]: eight horizontal sums in seven vector additions (and their shuffles). */
+static inline vec8 sums8(vec8 v0, vec8 v1, vec8 v2, vec8 v3, vec8 v4, vec8 v5, vec8 v6, vec8 v7)
+{
+    const vec8 low = pair_sums(pair_sums(v0, v1), pair_sums(v2, v3));  /* v0..v3: first halves, then second */
+    const vec8 high = pair_sums(pair_sums(v4, v5), pair_sums(v6, v7));
+    const ivec8 first = {0, 1, 2, 3, 8, 9, 10, 11}, second = {4, 5, 6, 7, 12, 13, 14, 15};
+    return __builtin_shuffle(low, high, first) + __builtin_shuffle(low, high, second);
+}
+
+/* score_token for two keys at once, four query heads at a time (head_dim a multiple of 8 and group of 4): the
+ * eight sums reduce together. */
+static void score_two_tokens(float *scores, int64_t len, const float *q, int64_t q_head_stride, const float *k0,
+                             const float *k1, int64_t group, int64_t head_dim, float scale)
+{
+    for (int64_t g = 0; g < group; g += 4) {
+        const float *q0 = q + g * q_head_stride, *q1 = q0 + q_head_stride, *q2 = q1 + q_head_stride,
+                    *q3 = q2 + q_head_stride;
+        vec8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
+        for (int64_t d = 0; d < head_dim; d += 8) {
+            const vec8 x = load8(k0 + d), y = load8(k1 + d);
+            const vec8 r0 = load8(q0 + d), r1 = load8(q1 + d), r2 = load8(q2 + d), r3 = load8(q3 + d);
+            a0 += r0 * x; a1 += r1 * x; a2 += r2 * x; a3 += r3 * x;
+            b0 += r0 * y; b1 += r1 * y; b2 += r2 * y; b3 += r3 * y;
+        }
+        const vec8 s = sums8(a0, a1, a2, a3, b0, b1, b2, b3) * scale;
+        for (int64_t h = 0; h < 4; h++) {
+            scores[(g + h) * len] = s[h];
+            scores[(g + h) * len + 1] = s[4 + h];
+        }
+    }
+}
+
+/* Ask for the rows of a block's KV heads an item reads (width floats a slot) before they are needed: blocks lie
+ * anywhere in the pool, where the hardware prefetcher cannot follow. */
+static void prefetch_block(const float *rows, int64_t slots, int64_t slot_stride, int64_t width)
 {
     for (int64_t s = 0; s < slots; s++)
-        for (int64_t d = 0; d < head_dim; d += 16) /* 16 floats: one 64-byte cache line */
+        for (int64_t d = 0; d < width; d += 16) /* 16 floats: one 64-byte cache line */
             __builtin_prefetch(rows + s * slot_stride + d, 0, 3);
 }
 
@@ -121,6 +162,81 @@ static void prefetch_block(const float *rows, int64_t slots, int64_t slot_stride
 static inline int64_t block_slots(int64_t len, int64_t first, int64_t block_size)
 {
     return len - first < block_size ? len - first : block_size;
+}
+
+/* The sizes and strides every work item shares. */
+struct shape {
+    int64_t head_dim, group, block_size, slot_stride, block_stride, q_head_stride;
+    float scale;
+};
+
+/* One work item: the query heads of one sequence that share its KV heads kv_first .. kv_first + kv_count - 1.
+ * Keys block by block (the item's KV heads' rows of a block, which lie side by side), an exact softmax per query
+ * head, then values block by block. scores: [kv_count * group, len]; acc: [kv_count * group, head_dim]. */
+/* Inlined into the loop over items, and its buffers declared unaliased: both measurably faster. */
+static inline __attribute__((always_inline)) void attend(
+    float *restrict out, const float *q, const float *k_cache, const float *v_cache, const int64_t *table,
+    int64_t len, int64_t kv_first, int64_t kv_count, const struct shape *sh, float *restrict scores,
+    float *restrict acc)
+{
+    const int64_t group = sh->group, head_dim = sh->head_dim, slot_stride = sh->slot_stride;
+    const int64_t block_size = sh->block_size, block_stride = sh->block_stride, heads = kv_count * group;
+    const int64_t blocks = (len + block_size - 1) / block_size, width = kv_count * head_dim;
+    const int pairs = group % 4 == 0 && head_dim % 8 == 0; /* score_two_tokens' shapes */
+    const float *k_item = k_cache + kv_first * head_dim, *v_item = v_cache + kv_first * head_dim;
+    const float *q_item = q + kv_first * group * sh->q_head_stride;
+
+    /* Scores: scores[h * len + t] = q_h . k_t * scale, h counting the item's query heads. */
+    for (int64_t b = 0; b < blocks; b++) {
+        if (b + 1 < blocks)
+            prefetch_block(k_item + table[b + 1] * block_stride, block_size, slot_stride, width);
+        const int64_t first = b * block_size, slots = block_slots(len, first, block_size);
+        for (int64_t kv = 0; kv < kv_count; kv++) {
+            const float *k_block = k_item + table[b] * block_stride + kv * head_dim;
+            const float *q_group = q_item + kv * group * sh->q_head_stride;
+            float *group_scores = scores + kv * group * len + first;
+            int64_t s = 0;
+            if (pairs) /* tested once rather than at every pair: measurably faster */
+                for (; s + 2 <= slots; s += 2)
+                    score_two_tokens(group_scores + s, len, q_group, sh->q_head_stride, k_block + s * slot_stride,
+                                     k_block + (s + 1) * slot_stride, group, head_dim, sh->scale);
+            for (; s < slots; s++)
+                score_token(group_scores + s, len, q_group, sh->q_head_stride, k_block + s * slot_stride, group,
+                            head_dim, sh->scale);
+        }
+    }
+    if (blocks > 0)
+        prefetch_block(v_item + table[0] * block_stride, block_size, slot_stride, width);
+
+    /* Softmax of each query head's scores, in place. */
+    for (int64_t h = 0; h < heads; h++) {
+        float *row = scores + h * len, max = len > 0 ? row[0] : 0.0f, sum = 0.0f;
+        for (int64_t t = 1; t < len; t++)
+            max = row[t] > max ? row[t] : max;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t t = 0; t < len; t++) {
+            row[t] = expf(row[t] - max);
+            sum += row[t];
+        }
+        const float inverse = 1.0f / sum;
+        for (int64_t t = 0; t < len; t++)
+            row[t] *= inverse;
+    }
+
+    /* Weighted sum of the values. */
+    for (int64_t i = 0; i < heads * head_dim; i++)
+        acc[i] = 0.0f;
+    for (int64_t b = 0; b < blocks; b++) {
+        if (b + 1 < blocks)
+            prefetch_block(v_item + table[b + 1] * block_stride, block_size, slot_stride, width);
+        const int64_t first = b * block_size, slots = block_slots(len, first, block_size);
+        for (int64_t kv = 0; kv < kv_count; kv++)
+            add_block_values(acc + kv * group * head_dim, scores + kv * group * len + first, len,
+                             v_item + table[b] * block_stride + kv * head_dim, slot_stride, slots, group, head_dim);
+    }
+    float *out_item = out + kv_first * group * head_dim;
+    for (int64_t i = 0; i < heads * head_dim; i++)
+        out_item[i] = acc[i];
 }
 
 /* out: [seqs, heads, head_dim], contiguous. q: [seqs, heads, head_dim] with the given strides (head_dim
@@ -132,65 +248,28 @@ int paged_decode_attention_f32(
     const int64_t *context_lens, int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
     int64_t block_size, float scale, int64_t max_context_len, int num_threads)
 {
-    const int64_t group = num_heads / num_kv_heads;
-    const int64_t slot_stride = num_kv_heads * head_dim, block_stride = block_size * slot_stride;
+    const int64_t slot_stride = num_kv_heads * head_dim;
+    const struct shape sh = {head_dim, num_heads / num_kv_heads, block_size, slot_stride, block_size * slot_stride,
+                             q_head_stride, scale};
+    /* An item with all a sequence's KV heads reads each block in one run, where one item per KV head reads every
+     * other stretch of it (faster on a pool larger than the caches: docs/performance.md); with few sequences, one
+     * item per KV head keeps every thread busy. Each head's arithmetic is the same either way. */
+    const int64_t kv_per_item = num_seqs >= 4 * (int64_t)num_threads ? num_kv_heads : 1;
+    const int64_t items_per_seq = num_kv_heads / kv_per_item;
+    const int64_t buffer_rows = kv_per_item * sh.group;
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
-        float *scores = malloc(sizeof(float) * group * (max_context_len > 0 ? max_context_len : 1));
-        float *acc = malloc(sizeof(float) * group * head_dim);
+        float *scores = malloc(sizeof(float) * buffer_rows * (max_context_len > 0 ? max_context_len : 1));
+        float *acc = malloc(sizeof(float) * buffer_rows * head_dim);
         failed = scores == NULL || acc == NULL;
 #pragma omp for schedule(dynamic)
-        for (int64_t item = 0; item < num_seqs * num_kv_heads; item++) {
+        for (int64_t item = 0; item < num_seqs * items_per_seq; item++) {
             if (failed)
                 continue;
-            const int64_t seq = item / num_kv_heads, kv_head = item % num_kv_heads;
-            const int64_t len = context_lens[seq], blocks = (len + block_size - 1) / block_size;
-            const int64_t *table = block_tables + seq * table_stride;
-            const float *q_group = q + seq * q_seq_stride + kv_head * group * q_head_stride;
-            const float *k_head = k_cache + kv_head * head_dim, *v_head = v_cache + kv_head * head_dim;
-            float *out_group = out + (seq * num_heads + kv_head * group) * head_dim;
-
-            /* Scores: scores[g * len + t] = q_g . k_t * scale. */
-            for (int64_t b = 0; b < blocks; b++) {
-                if (b + 1 < blocks)
-                    prefetch_block(k_head + table[b + 1] * block_stride, block_size, slot_stride, head_dim);
-                const float *k_block = k_head + table[b] * block_stride;
-                const int64_t first = b * block_size, slots = block_slots(len, first, block_size);
-                for (int64_t s = 0; s < slots; s++)
-                    score_token(scores + first + s, len, q_group, q_head_stride, k_block + s * slot_stride, group,
-                                head_dim, scale);
-            }
-            if (blocks > 0)
-                prefetch_block(v_head + table[0] * block_stride, block_size, slot_stride, head_dim);
-
-            /* Softmax of each query head's scores, in place. */
-            for (int64_t g = 0; g < group; g++) {
-                float *row = scores + g * len, max = len > 0 ? row[0] : 0.0f, sum = 0.0f;
-                for (int64_t t = 1; t < len; t++)
-                    max = row[t] > max ? row[t] : max;
-#pragma omp simd reduction(+ : sum)
-                for (int64_t t = 0; t < len; t++) {
-                    row[t] = expf(row[t] - max);
-                    sum += row[t];
-                }
-                const float inverse = 1.0f / sum;
-                for (int64_t t = 0; t < len; t++)
-                    row[t] *= inverse;
-            }
-
-            /* Weighted sum of the values. */
-            for (int64_t i = 0; i < group * head_dim; i++)
-                acc[i] = 0.0f;
-            for (int64_t b = 0; b < blocks; b++) {
-                if (b + 1 < blocks)
-                    prefetch_block(v_head + table[b + 1] * block_stride, block_size, slot_stride, head_dim);
-                const int64_t first = b * block_size;
-                add_block_values(acc, scores + first, len, v_head + table[b] * block_stride, slot_stride,
-                                 block_slots(len, first, block_size), group, head_dim);
-            }
-            for (int64_t i = 0; i < group * head_dim; i++)
-                out_group[i] = acc[i];
+            const int64_t seq = item / items_per_seq, kv_first = item % items_per_seq * kv_per_item;
+            attend(out + seq * num_heads * head_dim, q + seq * q_seq_stride, k_cache, v_cache,
+                   block_tables + seq * table_stride, context_lens[seq], kv_first, kv_per_item, &sh, scores, acc);
         }
         free(scores);
         free(acc);

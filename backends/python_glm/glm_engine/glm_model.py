@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import cpu_elementwise_kernel, cpu_linear_kernel
 from .attention import AttentionMetadata, paged_attention, write_kv
 from .config import CheckpointError, ModelConfig
 from .quantization import QuantizedLinear
@@ -21,12 +22,26 @@ from .tensor_parallel import Shard
 
 
 class RMSNorm(nn.Module):
+    """RMSNorm, optionally with the residual addition before it: norm(x), or with `residual` the pair
+    (norm(x + residual), x + residual), the sum being the residual stream's next value (one pass in the C kernel)."""
+
+    c_kernel = False  # set at load where the layers run the CPU's C kernels (cpu_elementwise_kernel.py)
+
     def __init__(self, size: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        if self.c_kernel:
+            out, total = cpu_elementwise_kernel.rms_norm(x, self.weight, self.eps, residual)
+            return out if residual is None else (out, total)
+        if residual is None:
+            return self._norm(x)
+        x = x + residual
+        return self._norm(x), x
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
         # Computed in float32 whatever the weights' dtype, as the reference does.
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -34,23 +49,31 @@ class RMSNorm(nn.Module):
 
 
 class Linear(nn.Linear):
-    """nn.Linear, with its parameter names (so checkpoints load), whose weight may be handed to oneDNN on the CPU.
+    """nn.Linear, with its parameter names (so checkpoints load), whose weight may be packed for a CPU kernel.
 
-    pack_for_cpu() reorders the weight once into oneDNN's blocked layout (the prepacking that torch.compile's CPU
-    backend does); products then run through oneDNN instead of MKL's sgemm, which is faster at every row count
-    (docs/performance.md). cuBLAS needs no such help."""
+    pack_for_cpu() reorders the weight once into the layout of the kernel that will run it: this package's C kernel
+    (cpu_linear_kernel.py: panels read front to back) or oneDNN's blocked layout (the prepacking that
+    torch.compile's CPU backend does). Both beat MKL's sgemm on nn.Linear's layout at every row count, and the C
+    kernel beats oneDNN at decode sizes (docs/performance.md). cuBLAS needs no such help."""
 
     packed_weight: torch.Tensor | None = None
+    kernel: str | None = None  # "cpu" or "onednn" once packed
 
-    def pack_for_cpu(self) -> None:
-        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
+    def pack_for_cpu(self, kernel: str) -> None:
+        if kernel == "cpu":
+            self.packed_weight = cpu_linear_kernel.pack_weight(self.weight)
+        else:
+            self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
+        self.kernel = kernel
         self.weight = None  # the packed copy replaces it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [tokens, in_features], as everywhere in this model."""
-        if self.packed_weight is None:
-            return super().forward(x)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+        if self.kernel == "cpu":
+            return cpu_linear_kernel.linear(x, self.packed_weight, self.bias, self.out_features)
+        if self.kernel == "onednn":
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+        return super().forward(x)
 
 
 def make_linear(in_features: int, out_features: int, bias: bool, quantization: str) -> nn.Module:
@@ -144,6 +167,8 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    c_kernel = False  # set at load where the layers run the CPU's C kernels: SiLU * up in one pass
+
     def __init__(self, config: ModelConfig, quantization: str, shard: Shard):
         super().__init__()
         intermediate = shard.intermediate_size(config)
@@ -152,8 +177,13 @@ class MLP(nn.Module):
         self.shard = shard
 
     def forward(self, x):
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.shard.all_reduce(self.down_proj(up * F.silu(gate)))
+        gate_up = self.gate_up_proj(x)
+        if self.c_kernel:
+            activated = cpu_elementwise_kernel.silu_and_mul(gate_up)
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)
+            activated = up * F.silu(gate)
+        return self.shard.all_reduce(self.down_proj(activated))
 
 
 class DecoderLayer(nn.Module):
@@ -168,15 +198,21 @@ class DecoderLayer(nn.Module):
             self.post_self_attn_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
             self.post_mlp_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x, rotary, angles, kv_cache, meta):
-        h = self.self_attn(self.input_layernorm(x), rotary, angles, kv_cache, meta)
+    def forward(self, h, residual, rotary, angles, kv_cache, meta):
+        """h: what the layer before added to the residual stream (the first layer: the embeddings, residual None).
+        Returns this layer's (h, residual): each addition to the stream is made by the norm that follows it."""
+        if residual is None:
+            x, residual = self.input_layernorm(h), h
+        else:
+            x, residual = self.input_layernorm(h, residual)
+        h = self.self_attn(x, rotary, angles, kv_cache, meta)
         if self.sandwich:
             h = self.post_self_attn_layernorm(h)
-        x = x + h
-        h = self.mlp(self.post_attention_layernorm(x))
+        x, residual = self.post_attention_layernorm(h, residual)
+        h = self.mlp(x)
         if self.sandwich:
             h = self.post_mlp_layernorm(h)
-        return x + h
+        return h, residual
 
 
 class VocabEmbedding(nn.Embedding):
@@ -216,11 +252,11 @@ class GlmForCausalLM(nn.Module):
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
         """input_ids, positions: [tokens]; kv_caches: one (k, v) pair per layer. Returns hidden states [tokens, hidden]."""
-        x = self.model.embed_tokens(input_ids)
-        angles = self.rotary.angles(positions, x.dtype)
+        h, residual = self.model.embed_tokens(input_ids), None
+        angles = self.rotary.angles(positions, h.dtype)
         for layer, kv_cache in zip(self.model.layers, kv_caches):
-            x = layer(x, self.rotary, angles, kv_cache, meta)
-        return self.model.norm(x)
+            h, residual = layer(h, residual, self.rotary, angles, kv_cache, meta)
+        return self.model.norm(h, residual)[0]  # every model has a layer: residual is set
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """float32 logits [rows, vocab]; with tensor parallelism on rank 0 only (None on the others)."""
@@ -231,9 +267,12 @@ class GlmForCausalLM(nn.Module):
         Face names (before q/k/v are fused)."""
         return {f"{name}.weight" for name, module in self.named_modules() if isinstance(module, QuantizedLinear)}
 
-    def load_weights(self, state: dict[str, torch.Tensor], pack_for_cpu: bool = False) -> None:
-        """Load a checkpoint's tensors; `pack_for_cpu` hands the Linear weights to oneDNN where it can (and int8 ones
-        on CPUs without VNNI: QuantizedLinear.pack_for_cpu)."""
+    def load_weights(self, state: dict[str, torch.Tensor], cpu_kernels: str | None = None) -> None:
+        """Load a checkpoint's tensors; on the CPU, `cpu_kernels` says what runs the layers: "cpu" (this package's C
+        kernels: float Linear weights packed for cpu_linear_kernel, norms and SiLU * up in cpu_elementwise_kernel) or
+        "torch" (float Linear weights packed for oneDNN where it packs the dtype, else nn.Linear's path; torch
+        operators). Either way the int8 weights on CPUs without VNNI are packed for oneDNN
+        (QuantizedLinear.pack_for_cpu)."""
         tied = self.config.tie_word_embeddings and "lm_head.weight" not in state
         if tied:
             state = {**state, "lm_head.weight": state["model.embed_tokens.weight"]}
@@ -247,9 +286,14 @@ class GlmForCausalLM(nn.Module):
             )
         for layer in self.model.layers:
             layer.self_attn.fuse_qkv()
-        if pack_for_cpu:
-            floats = can_pack_for_cpu(self.model.embed_tokens.weight.dtype)
+        if cpu_kernels:
+            c_kernels = cpu_kernels == "cpu"
+            floats = c_kernels or can_pack_for_cpu(self.model.embed_tokens.weight.dtype)
             for module in self.modules():
                 tied_head = tied and module is self.lm_head  # shares the embedding's weight: packing would copy it
-                if isinstance(module, QuantizedLinear) or (isinstance(module, Linear) and floats and not tied_head):
+                if isinstance(module, QuantizedLinear):
                     module.pack_for_cpu()
+                elif isinstance(module, Linear) and floats and not tied_head:
+                    module.pack_for_cpu("cpu" if c_kernels else "onednn")
+                elif isinstance(module, (RMSNorm, MLP)):
+                    module.c_kernel = c_kernels

@@ -73,16 +73,48 @@ def choose_decode_kernel(backend: str, device: torch.device, dtype: torch.dtype)
         if backend == "cpu":
             raise ValueError(f"attention_backend cpu: the C kernel runs float32 on the CPU, not {dtype} on {device}")
         return "torch"
-    from .cpu_decode_kernel import KernelUnavailable, load
+    from . import cpu_decode_kernel
+
+    return _c_kernel_or(cpu_decode_kernel.load, "torch", backend, "attention_backend",
+                        "decode attention uses the torch path")
+
+
+def _c_kernel_or(load, fallback: str, backend: str, parameter: str, consequence: str) -> str:
+    """Returns "cpu" where the C kernel that `load` builds can run. Where it cannot: the fallback, logging why
+    (backend auto), or an error naming the parameter (backend cpu)."""
+    from .c_kernels import KernelUnavailable
 
     try:
         load()
     except KernelUnavailable as exc:
         if backend == "cpu":
-            raise ValueError(f"attention_backend cpu: {exc}") from None
-        log.warning("the C decode kernel is not available (%s): decode attention uses the torch path", exc)
-        return "torch"
+            raise ValueError(f"{parameter} cpu: {exc}") from None
+        log.warning("a C kernel is not available (%s): %s", exc, consequence)
+        return fallback
     return "cpu"
+
+
+def choose_layer_kernels(backend: str, device: torch.device, dtype: torch.dtype) -> str | None:
+    """What runs the decoder layers' float work on the CPU (GlmForCausalLM.load_weights): "cpu" (the C kernels) or
+    "torch"; None on CUDA. auto: the C kernels in float32 where they build. "cpu" where they cannot run is an
+    error."""
+    if device.type != "cpu":
+        if backend == "cpu":
+            raise ValueError(f"layer_backend cpu: the C kernels run on the CPU, not on {device}")
+        return None
+    if backend == "torch":
+        return "torch"
+    if dtype != torch.float32:
+        if backend == "cpu":
+            raise ValueError(f"layer_backend cpu: the C kernels run float32, not {dtype}")
+        return "torch"
+    from . import cpu_elementwise_kernel, cpu_linear_kernel
+
+    def load_both():
+        cpu_linear_kernel.load()
+        cpu_elementwise_kernel.load()
+
+    return _c_kernel_or(load_both, "torch", backend, "layer_backend", "the layers use oneDNN and torch")
 
 
 def decode_graphs_wanted(config: EngineConfig, device: torch.device, decode_kernel: str, shard: Shard) -> bool:
@@ -141,6 +173,7 @@ class ModelRunner:
             torch.cuda.set_device(self.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.decode_kernel = choose_decode_kernel(config.attention_backend, self.device, self.dtype)
+        self.layer_kernels = choose_layer_kernels(config.layer_backend, self.device, self.dtype)
         if threads := cpu_threads(config, shard):
             torch.set_num_threads(threads)
         stored = stored_precision(config.model_dir).method
@@ -163,7 +196,7 @@ class ModelRunner:
         self.model.load_weights(
             load_state_dict(config.model_dir, self.dtype, self.device, self.quantized_weight_names,
                             self.quantization, split),
-            pack_for_cpu=self.device.type == "cpu")
+            cpu_kernels=self.layer_kernels)
         self.model.eval()
 
         use_graphs = decode_graphs_wanted(config, self.device, self.decode_kernel, shard)

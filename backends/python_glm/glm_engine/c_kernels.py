@@ -1,0 +1,91 @@
+"""Building this package's C kernels (cpu_decode_kernel.c, cpu_linear_kernel.c, cpu_elementwise_kernel.c) for the
+CPU they run on.
+
+Each is compiled on first use with the system's C compiler (`CC`, else `cc`) for this CPU (-march=native), in well
+under a second, into a cache directory (`GLM_KERNEL_CACHE`, else ~/.cache/open-autoglm, else the temporary
+directory) under a name that hashes the source, the compiler and the CPU's flags, then loaded with ctypes. Where a
+kernel cannot be built, KernelUnavailable says why, and the engine keeps its torch / oneDNN path (backend auto) or
+refuses to start (a backend asked for by name). No torch headers: plain C and OpenMP, whose runtime is the one
+torch has already loaded.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from .cpu_info import cpu_flags
+
+CACHE_ENV = "GLM_KERNEL_CACHE"
+# -ffast-math when compiling only: linking a shared object with it would set flush-to-zero for the whole process.
+COMPILE_FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fPIC"]
+LINK_FLAGS = ["-shared", "-fopenmp", "-lm"]
+
+
+class KernelUnavailable(RuntimeError):
+    """The C kernel cannot be built or loaded here; the message says why."""
+
+
+def _compiler() -> str:
+    compiler = os.environ.get("CC") or "cc"
+    if shutil.which(compiler) is None:
+        raise KernelUnavailable(f"no C compiler: {compiler!r} is not on PATH (install gcc, or set CC)")
+    return compiler
+
+
+def _cache_dirs() -> list[Path]:
+    if configured := os.environ.get(CACHE_ENV):
+        return [Path(configured)]
+    home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return [home / "open-autoglm", Path(tempfile.gettempdir()) / f"open-autoglm-{os.getuid()}"]
+
+
+def _run(command: list[str]) -> None:
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise KernelUnavailable(f"{Path(command[0]).name} failed (exit status {result.returncode}): "
+                                f"{result.stderr.strip()[-500:]}")
+
+
+def build(source: Path) -> Path:
+    """The compiled shared object of a C source (in this package), compiling it unless the cache has it. Several
+    processes may build at once: each writes its own temporary file and renames it into place."""
+    compiler = _compiler()
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256("\0".join([
+        source.read_text(), compiler, version, " ".join(COMPILE_FLAGS + LINK_FLAGS), platform.machine(),
+        " ".join(sorted(cpu_flags() or ())),
+    ]).encode()).hexdigest()[:16]
+    errors = []
+    for directory in _cache_dirs():
+        target = directory / f"{source.stem}-{key}.so"
+        if target.exists():
+            return target
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=directory) as scratch:
+                obj, lib = Path(scratch) / "kernel.o", Path(scratch) / "kernel.so"
+                _run([compiler, *COMPILE_FLAGS, "-c", str(source), "-o", str(obj)])
+                _run([compiler, str(obj), "-o", str(lib), *LINK_FLAGS])
+                os.replace(lib, target)
+            return target
+        except OSError as exc:  # not writable: try the next directory
+            errors.append(f"{directory}: {exc.strerror or exc}")
+    raise KernelUnavailable(f"no writable cache directory for the compiled kernel ({'; '.join(errors)}); "
+                            f"set {CACHE_ENV}")
+
+
+def load_library(source: Path) -> ctypes.CDLL:
+    """The compiled library of a C source, built unless cached. Raises KernelUnavailable."""
+    if platform.system() != "Linux":
+        raise KernelUnavailable(f"built for Linux only, not {platform.system()}")
+    try:
+        return ctypes.CDLL(str(build(source)))
+    except OSError as exc:
+        raise KernelUnavailable(f"the compiled kernel does not load: {exc}") from exc

@@ -1,0 +1,225 @@
+"""The C kernels for the CPU: paged-attention decode (glm_engine/cpu_decode_kernel.c) against the torch path on random
+block layouts, and the float32 linear layer (cpu_linear_kernel.c) against a float64 product; both alone and batched,
+on one thread and more; how they are built (c_kernels.py), how the engine chooses them and what it says when it
+cannot."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import pytest
+import torch
+
+from glm_engine import EngineConfig, LLMEngine
+from glm_engine import c_kernels, cpu_decode_kernel, cpu_elementwise_kernel, cpu_linear_kernel
+from glm_engine.attention import AttentionMetadata, paged_attention
+from glm_engine.c_kernels import KernelUnavailable
+from glm_engine.cpu_decode_kernel import paged_decode_attention
+from glm_engine.glm_model import MLP, RMSNorm, Linear
+from glm_engine.model_runner import choose_decode_kernel, choose_layer_kernels
+from glm_tools.gpu_check import random_decode_batch
+
+CPU = torch.device("cpu")
+
+
+@contextlib.contextmanager
+def torch_threads(count: int):
+    """torch (and so the kernel) on `count` threads for a while."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def torch_path(q, k_cache, v_cache, tables, context_lens, scale):
+    meta = AttentionMetadata(slot_mapping=torch.zeros(len(q), dtype=torch.long), block_tables=tables,
+                             context_lens=context_lens, query_lens=[1] * len(q),
+                             host_context_lens=context_lens.tolist(), decode_kernel="torch")
+    return paged_attention(q, k_cache, v_cache, meta, scale)
+
+
+@pytest.mark.parametrize("seed, num_heads, num_kv_heads, head_dim, block_size, max_context", [
+    (0, 8, 2, 64, 16, 300),  # the bench model's shape
+    (1, 32, 2, 128, 16, 100),  # GLM-4-9B's
+    (2, 6, 1, 36, 8, 70),  # a group not a multiple of four, dimensions not a multiple of eight
+    (3, 5, 5, 8, 1, 20),  # no grouping, one-slot blocks
+    (4, 3, 1, 7, 32, 65),  # fewer heads than four, fewer dimensions than eight
+    (5, 12, 2, 20, 4, 1),  # contexts of one token
+])
+def test_the_kernel_matches_the_torch_path(seed, num_heads, num_kv_heads, head_dim, block_size, max_context):
+    q, k_cache, v_cache, tables, context_lens = random_decode_batch(
+        num_seqs=7, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=block_size,
+        max_context=max_context, device=CPU, dtype=torch.float32, seed=seed)
+    # Queries as the model hands them over: a slice of the fused q/k/v rows, not contiguous.
+    q = torch.cat([q, torch.randn(7, 2 * num_kv_heads, head_dim)], dim=1)[:, :num_heads]
+    scale = head_dim ** -0.5
+    expected = torch_path(q, k_cache, v_cache, tables, context_lens, scale)
+    # 7 sequences on one thread make an item a sequence; on two or more, an item a KV head.
+    for threads in (1, 2):
+        with torch_threads(threads):
+            torch.testing.assert_close(paged_decode_attention(q, k_cache, v_cache, tables, context_lens, scale),
+                                       expected, atol=2e-6, rtol=1e-5)
+
+
+def test_a_sequences_output_does_not_depend_on_its_batch_or_the_threads():
+    """Bit for bit: each (sequence, KV head) is computed alone, whatever else is in the step, whether the kernel
+    takes a sequence's KV heads together (many sequences a thread) or one by one, and however many threads share
+    the work."""
+    q, k_cache, v_cache, tables, context_lens = random_decode_batch(
+        num_seqs=9, num_heads=8, num_kv_heads=2, head_dim=64, block_size=16, max_context=200, device=CPU,
+        dtype=torch.float32, seed=7)
+    with torch_threads(1):  # 9 sequences on one thread: an item a sequence
+        batched = paged_decode_attention(q, k_cache, v_cache, tables, context_lens, 0.125)
+        for b in (0, 4, 8):  # one sequence: an item a KV head
+            alone = paged_decode_attention(q[b:b + 1], k_cache, v_cache, tables[b:b + 1], context_lens[b:b + 1], 0.125)
+            assert torch.equal(alone[0], batched[b])
+    for threads in (2, 3):  # 9 sequences on three threads: an item a KV head
+        with torch_threads(threads):
+            assert torch.equal(paged_decode_attention(q, k_cache, v_cache, tables, context_lens, 0.125), batched)
+
+
+def test_loading_the_kernels_leaves_the_process_floating_point_mode_alone():
+    """Linked with -ffast-math, a shared object would turn on flush-to-zero for the whole process."""
+    for kernel in (cpu_decode_kernel, cpu_linear_kernel, cpu_elementwise_kernel):
+        kernel.load()
+    tiny = torch.tensor([1e-39]) / 10  # a subnormal float32
+    assert tiny.item() != 0.0
+
+
+def test_auto_picks_the_kernel_on_the_cpu_in_float32_only():
+    assert choose_decode_kernel("auto", CPU, torch.float32) == "cpu"
+    assert choose_decode_kernel("auto", CPU, torch.bfloat16) == "torch"
+    assert choose_decode_kernel("torch", CPU, torch.float32) == "torch"
+    with pytest.raises(ValueError, match="attention_backend cpu: the C kernel runs float32 on the CPU, not"):
+        choose_decode_kernel("cpu", CPU, torch.float16)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 6, 7, 13, 95, 96, 97, 200])
+@pytest.mark.parametrize("out_features, in_features, bias", [
+    (768, 512, True),  # the bench model's fused q/k/v, with GLM-4's bias
+    (512, 1376, False),  # its down projection
+    (50, 33, True),  # outputs not a multiple of the 16-wide panels, odd inputs
+    (7, 1, False),  # fewer outputs than a panel, one input
+])
+def test_the_linear_kernel_matches_a_float64_product(rows, out_features, in_features, bias):
+    generator = torch.Generator().manual_seed(rows * 1000 + out_features)
+    x, weight = torch.randn(rows, in_features, generator=generator), torch.randn(out_features, in_features,
+                                                                                 generator=generator)
+    b = torch.randn(out_features, generator=generator) if bias else None
+    expected = torch.nn.functional.linear(x.double(), weight.double(), None if b is None else b.double())
+    packed = cpu_linear_kernel.pack_weight(weight)
+    # 200 rows span three of the kernel's row blocks (96); 1-5 rows take its smaller tiles.
+    got = cpu_linear_kernel.linear(x, packed, b, out_features)
+    torch.testing.assert_close(got.double(), expected, atol=1e-5 * in_features ** 0.5, rtol=1e-5)
+    with torch_threads(1):
+        assert torch.equal(cpu_linear_kernel.linear(x, packed, b, out_features), got)
+
+
+def test_a_tokens_linear_output_does_not_depend_on_its_batch():
+    """Bit for bit: each output is one sum over the inputs in order, whatever tile or row block the token falls in."""
+    x, weight = torch.randn(100, 64), torch.randn(40, 64)
+    packed = cpu_linear_kernel.pack_weight(weight)
+    batched = cpu_linear_kernel.linear(x, packed, None, 40)
+    for first, count in ((0, 1), (3, 4), (90, 10), (50, 6)):
+        alone = cpu_linear_kernel.linear(x[first:first + count], packed, None, 40)
+        assert torch.equal(alone, batched[first:first + count])
+
+
+@pytest.mark.parametrize("rows", [1, 7, 300])  # 300 x 512: enough elements for the threads to share the rows
+def test_the_norm_and_activation_kernels_match_torch(rows):
+    generator = torch.Generator().manual_seed(rows)
+    x, residual = torch.randn(rows, 512, generator=generator), torch.randn(rows, 512, generator=generator)
+    weight, gate_up = torch.randn(512, generator=generator), torch.randn(rows, 2 * 1376, generator=generator) * 4
+    norm = RMSNorm(512, 1e-5)
+    norm.weight.data.copy_(weight)
+    with torch.no_grad():
+        expected_alone, (expected, expected_sum) = norm(x), norm(x, residual)
+        norm.c_kernel = True
+        got_alone, (got, got_sum) = norm(x), norm(x, residual)
+    torch.testing.assert_close(got_alone, expected_alone, atol=2e-6, rtol=2e-6)
+    torch.testing.assert_close(got, expected, atol=2e-6, rtol=2e-6)
+    assert torch.equal(got_sum, expected_sum)  # one float addition: exact either way
+    gate, up = gate_up.chunk(2, dim=-1)
+    torch.testing.assert_close(cpu_elementwise_kernel.silu_and_mul(gate_up), up * torch.nn.functional.silu(gate),
+                               atol=2e-6, rtol=2e-6)
+
+
+def test_auto_picks_the_layer_kernels_on_the_cpu_in_float32_only():
+    assert choose_layer_kernels("auto", CPU, torch.float32) == "cpu"
+    assert choose_layer_kernels("auto", CPU, torch.bfloat16) == "torch"
+    assert choose_layer_kernels("torch", CPU, torch.float32) == "torch"
+    assert choose_layer_kernels("auto", torch.device("cuda"), torch.bfloat16) is None
+    with pytest.raises(ValueError, match="layer_backend cpu: the C kernels run float32, not torch.float16"):
+        choose_layer_kernels("cpu", CPU, torch.float16)
+    with pytest.raises(ValueError, match="layer_backend cpu: the C kernels run on the CPU, not on cuda"):
+        choose_layer_kernels("cpu", torch.device("cuda"), torch.float32)
+
+
+@pytest.fixture
+def no_compiler(monkeypatch, tmp_path):
+    """A machine without a C compiler and with an empty kernel cache."""
+    monkeypatch.setenv("CC", "no-such-compiler")
+    monkeypatch.setenv(c_kernels.CACHE_ENV, str(tmp_path))
+    cpu_decode_kernel.load.cache_clear()
+    cpu_linear_kernel.load.cache_clear()
+    yield
+    cpu_decode_kernel.load.cache_clear()
+    cpu_linear_kernel.load.cache_clear()
+
+
+def test_without_a_compiler_auto_falls_back_and_says_why(no_compiler, caplog):
+    with caplog.at_level(logging.WARNING):
+        assert choose_decode_kernel("auto", CPU, torch.float32) == "torch"
+        assert choose_layer_kernels("auto", CPU, torch.float32) == "torch"
+    assert "decode attention uses the torch path" in caplog.text and "the layers use oneDNN and torch" in caplog.text
+    assert "no C compiler: 'no-such-compiler' is not on PATH" in caplog.text
+    with pytest.raises(ValueError, match="attention_backend cpu: no C compiler"):
+        choose_decode_kernel("cpu", CPU, torch.float32)
+    with pytest.raises(ValueError, match="layer_backend cpu: no C compiler"):
+        choose_layer_kernels("cpu", CPU, torch.float32)
+
+
+def test_an_unwritable_cache_is_named(monkeypatch, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv(c_kernels.CACHE_ENV, str(blocker / "kernels"))
+    with pytest.raises(KernelUnavailable, match=f"no writable cache directory.*{c_kernels.CACHE_ENV}"):
+        c_kernels.build(cpu_decode_kernel.SOURCE)
+
+
+def test_a_compiler_error_is_reported(monkeypatch, tmp_path):
+    monkeypatch.setenv("CC", "false")  # on PATH, always fails
+    monkeypatch.setenv(c_kernels.CACHE_ENV, str(tmp_path))
+    with pytest.raises(KernelUnavailable, match="false failed \\(exit status 1\\)"):
+        c_kernels.build(cpu_linear_kernel.SOURCE)
+    assert list(tmp_path.iterdir()) == []  # no half-written kernel left for the next process
+
+
+@pytest.mark.parametrize("backend", ["cpu", "torch"])
+def test_the_engine_decodes_as_transformers_does_with_either_path(tiny_model, backend):
+    """Prompts across block boundaries, decoding together (decode-only steps) and beside prefills (mixed steps)."""
+    from support.reference import GREEDY, assert_matches_reference, prompts, run_all
+
+    model_dir, model = tiny_model
+    engine = LLMEngine(EngineConfig(model_dir=model_dir, block_size=8, num_kv_blocks=64, attention_backend=backend,
+                                    max_num_batched_tokens=24))
+    assert engine.runner.decode_kernel == backend
+    requests = {f"k{i}": p for i, p in enumerate(prompts((3, 17, 9, 30), seed=12))}
+    assert_matches_reference(model, requests, run_all(engine, requests), max_tokens=GREEDY.max_tokens)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "torch"])
+def test_the_engine_matches_transformers_with_either_layer_backend(tiny_model, backend):
+    from support.reference import GREEDY, assert_matches_reference, prompts, run_all
+
+    model_dir, model = tiny_model
+    engine = LLMEngine(EngineConfig(model_dir=model_dir, block_size=8, num_kv_blocks=64, layer_backend=backend,
+                                    max_num_batched_tokens=24))
+    modules = list(engine.runner.model.modules())
+    assert {m.kernel for m in modules if isinstance(m, Linear)} == {"cpu" if backend == "cpu" else "onednn"}
+    assert {m.c_kernel for m in modules if isinstance(m, (RMSNorm, MLP))} == {backend == "cpu"}
+    requests = {f"m{i}": p for i, p in enumerate(prompts((3, 17, 9, 30), seed=13))}
+    assert_matches_reference(model, requests, run_all(engine, requests), max_tokens=GREEDY.max_tokens)
