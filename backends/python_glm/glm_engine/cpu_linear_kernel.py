@@ -4,8 +4,8 @@ product reads front to back.
 oneDNN, which the engine used before, waits on memory in the small products of decode steps (a few dozen rows
 against weights far larger than the caches): side by side here it ran them 1.1-1.6x slower than this kernel, and
 prefill-sized ones no faster (docs/performance.md). Compiled on first use for this CPU (c_kernels.py); where it
-cannot be built, load() raises KernelUnavailable saying why and the engine keeps oneDNN (matmul_backend auto) or
-refuses to start (matmul_backend cpu).
+cannot be built, load() raises KernelUnavailable saying why and the engine keeps oneDNN (layer_backend auto) or
+refuses to start (layer_backend cpu).
 """
 
 from __future__ import annotations
