@@ -10,7 +10,8 @@ OpenAI front's chat endpoint, with the same load, and one table of what it measu
 genai-perf needs --tokenizer (the checkpoint's directory): offline it cannot fetch one. Every request asks for
 exactly --osl tokens (ignore_eos), and genai-perf counts output tokens by re-tokenizing the text it received, which
 for a random model's text can give more tokens than the engine generated. Prints each command as it runs it, then a
-Markdown table; writes the table and every run's figures as JSON in --out.
+Markdown table; writes the table and every run's figures as JSON in --out, with each run's whole output (genai-perf
+and perf_analyzer, --verbose) as <way in>/genai-perf-<attempt>.log.
 """
 
 from __future__ import annotations
@@ -40,20 +41,30 @@ def run(name: str, args: argparse.Namespace) -> dict:
                "--synthetic-input-tokens-mean", str(args.isl), "--output-tokens-mean", str(args.osl),
                "--extra-inputs", "ignore_eos:true", "--concurrency", str(args.concurrency),
                "--request-count", str(args.request_count), "--warmup-request-count", str(args.concurrency),
-               "--artifact-dir", artifacts]
+               "--artifact-dir", artifacts, "--verbose"]
     if name.startswith("openai") and args.openai_api_key:
         command += ["--header", f"Authorization: Bearer {args.openai_api_key}"]
     shown = [part.replace(args.openai_api_key, "***") if args.openai_api_key else part for part in command]
     print(f"[genai-perf] {shlex.join(shown)}", flush=True)
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
-        sys.stderr.write(done.stdout[-3000:] + done.stderr[-3000:])
-        raise SystemExit(f"genai-perf failed on {name} (exit {done.returncode})")
+    os.makedirs(artifacts, exist_ok=True)
+    for attempt in range(1, args.attempts + 1):
+        # genai-perf's and perf_analyzer's own words (--verbose); genai-perf alone would drop perf_analyzer's
+        log = os.path.join(artifacts, f"genai-perf-{attempt}.log")
+        with open(log, "w") as f:
+            done = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT, text=True)
+        if done.returncode == 0:
+            break
+        with open(log) as f:
+            sys.stderr.write(f.read()[-6000:])
+        failure = f"genai-perf failed on {name} (exit {done.returncode}); its whole output: {log}"
+        if attempt == args.attempts:
+            raise SystemExit(failure)
+        print(f"[genai-perf] {failure}; trying again", file=sys.stderr, flush=True)
     for root, _, files in os.walk(artifacts):
         if "profile_export_genai_perf.json" in files:
             with open(os.path.join(root, "profile_export_genai_perf.json")) as f:
-                return json.load(f)
-    raise SystemExit(f"genai-perf wrote no profile_export_genai_perf.json under {artifacts}")
+                return {**json.load(f), "attempts": attempt}
+    raise SystemExit(f"genai-perf wrote no profile_export_genai_perf.json under {artifacts}; its output: {log}")
 
 
 def table(results: dict[str, dict]) -> str:
@@ -80,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--request-count", type=int, default=40)
     parser.add_argument("--isl", type=int, default=128, help="prompt tokens (genai-perf's synthetic prompts)")
     parser.add_argument("--osl", type=int, default=64, help="output tokens asked for")
+    parser.add_argument("--attempts", type=int, default=2,
+                        help="runs of genai-perf per way in before giving up (twice in about twenty CI runs, genai-perf "
+                             "found perf_analyzer's profile export empty); every attempt's output is kept")
     parser.add_argument("--only", nargs="+", choices=TARGETS, default=list(TARGETS))
     parser.add_argument("--out", default="genai-perf")
     args = parser.parse_args(argv)

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 from support import REPO
@@ -39,10 +40,12 @@ def test_genai_perf_measures_every_way_in(triton_server, openai_front, demo_mode
          "--concurrency", "2", "--request-count", "6", "--isl", "32", "--osl", "8", "--out", str(out),
          "--openai-api-key", OPENAI_API_KEY],
         capture_output=True, text=True, timeout=600, env=genai_environment())
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-8000:]
     results = json.loads((out / "summary.json").read_text())["results"]
     assert set(results) == {"ensemble", "vllm_model", "bls", "openai chat"}
     for name, figures in results.items():
+        if figures["attempts"] > 1:  # the first attempt's whole output is kept: say where
+            warnings.warn(f"genai-perf needed {figures['attempts']} runs on {name}: {done.stderr[-3000:]}")
         assert figures["request_count"]["avg"] == 6 and figures["request_throughput"]["avg"] > 0, name
         if name != "bls":  # the streaming ways: time to first token, and between tokens
             assert 0 < figures["time_to_first_token"]["p50"] < figures["request_latency"]["p50"], name
