@@ -4,12 +4,13 @@
     .venv/bin/python scripts/bench_linear.py [--rows 1,32,256,2048] [--repeat 30] [--json F]
 
 Side by side, on the same input: the float32 layer (glm_model.Linear) packed for oneDNN and for the C kernel
-(glm_engine/cpu_linear_kernel.c, the engine's default on the CPU), the engine's int8 layer as the
-engine runs it on this CPU (glm_engine/quantization.py: per-token activation scales, then `torch._int_mm` where the
-CPU has VNNI, else oneDNN's uint8 x int8 product of 7-bit activations; the epilogue), the integer product alone on
-each of those two paths (what it costs without quantizing and rescaling), and fbgemm's dynamic int8 layer
-(`torch.ao`'s, which scales activations per tensor: faster where it is, but a token's result then depends on the rest
-of the batch).
+(glm_engine/cpu_linear_kernel.c, the engine's default on the CPU), the engine's int8 layer as the engine runs it on
+this CPU with its default C kernels (glm_engine/quantization.py: per-token activation scales, then `torch._int_mm`
+where the CPU has VNNI, else the AVX2 kernel cpu_int8_kernel.c with 7-bit weights and activations) and as it runs
+with layer_backend torch (without VNNI: oneDNN's uint8 x int8 product of 7-bit activations), the integer product
+alone on the _int_mm and oneDNN paths (what it costs without quantizing and rescaling), and fbgemm's dynamic int8
+layer (`torch.ao`'s, which scales activations per tensor: faster where it is, but a token's result then depends on
+the rest of the batch).
 Prints GFLOP/s-equivalent (2 * rows * in * out / time) and writes JSON.
 """
 
@@ -51,16 +52,18 @@ def layers(in_features: int, out_features: int):
     dense_c.weight = torch.nn.Parameter(weight, requires_grad=False)
     dense.pack_for_cpu("onednn")
     dense_c.pack_for_cpu("cpu")  # the engine's float32 layer where the C kernel builds
-    int8 = QuantizedLinear(in_features, out_features, bias=False, method="int8")
-    int8.weight, int8.weight_scale = quantize_weight(weight, "int8")
-    values = int8.weight
-    int8.pack_for_cpu()  # as the engine does: oneDNN's layout where the CPU has no VNNI
+    int8s = []
+    for kernel in ("cpu", "onednn"):  # as the engine packs them (nothing changes where the CPU has VNNI)
+        int8 = QuantizedLinear(in_features, out_features, bias=False, method="int8")
+        int8.weight, int8.weight_scale = values, scales = quantize_weight(weight, "int8")
+        int8.pack_for_cpu(kernel)
+        int8s.append(int8)
     with warnings.catch_warnings():  # torch.ao's quantized tensors are deprecated, and still the fbgemm path
         warnings.simplefilter("ignore")
-        qweight = torch.quantize_per_channel(weight, int8.weight_scale.double(), torch.zeros(out_features).long(),
-                                             0, torch.qint8)
+        qweight = torch.quantize_per_channel(weight, scales.double(), torch.zeros(out_features).long(), 0,
+                                             torch.qint8)
     packed = torch.ops.quantized.linear_prepack(qweight, None)
-    return dense, dense_c, int8, values, packed
+    return dense, dense_c, *int8s, values, scales, packed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,16 +73,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     vnni = cpu_has_int8_dot_product()
+    path = "yes: the engine uses _int_mm" if vnni else ("no: the engine uses the AVX2 C kernel (7-bit weights and "
+                                                        "activations), with layer_backend torch oneDNN's u8 x s8")
     print(f"[linear] torch {torch.__version__}, {torch.get_num_threads()} threads, int8 dot product (VNNI/AMX): "
-          f"{'yes: the engine uses _int_mm' if vnni else 'no: the engine uses oneDNN u8 x s8, 7-bit activations'}; "
-          "GFLOP/s-equivalent", flush=True)
-    print("\n| layer | rows | float32 (oneDNN) | float32 (C kernel) | int8 (engine) | int8 vs float32 (oneDNN) "
-          "| _int_mm alone "
-          "| oneDNN u8 x s8 alone | fbgemm dynamic (per-tensor) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+          f"{path}; GFLOP/s-equivalent", flush=True)
+    print("\n| layer | rows | float32 (oneDNN) | float32 (C kernel) | int8 (engine) | int8 (layer_backend torch) "
+          "| int8 (engine) vs float32 (C kernel) | _int_mm alone | oneDNN u8 x s8 alone | fbgemm dynamic (per-tensor) |"
+          "\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     results = []
     with torch.inference_mode():
         for name, (in_features, out_features) in SHAPES.items():
-            dense, dense_c, int8, weight_values, packed = layers(in_features, out_features)
+            dense, dense_c, int8, int8_torch, weight_values, weight_scales, packed = layers(in_features, out_features)
             weight_t, onednn_weight = weight_values.t(), pack_int8_for_avx2(weight_values)
             zero_points = torch.zeros(out_features, dtype=torch.long)
             for rows in (int(r) for r in args.rows.split(",")):
@@ -90,9 +94,10 @@ def main(argv: list[str] | None = None) -> int:
                     "float32": seconds(lambda: dense(x), args.repeat),
                     "float32_c": seconds(lambda: dense_c(x), args.repeat),
                     "int8": seconds(lambda: int8(x), args.repeat),
+                    "int8_torch_backend": seconds(lambda: int8_torch(x), args.repeat),
                     "int_mm_alone": seconds(lambda: torch._int_mm(values, weight_t), args.repeat),
                     "onednn_u8s8_alone": seconds(lambda: torch.ops.onednn.qlinear_pointwise(
-                        shifted, 1.0, 64, onednn_weight, int8.weight_scale, zero_points, None, 1.0, 0, torch.float32,
+                        shifted, 1.0, 64, onednn_weight, weight_scales, zero_points, None, 1.0, 0, torch.float32,
                         "none", [], ""), args.repeat),
                     "fbgemm_dynamic": seconds(lambda: torch.ops.quantized.linear_dynamic(x, packed, False),
                                               args.repeat),
@@ -100,11 +105,11 @@ def main(argv: list[str] | None = None) -> int:
                 flops = 2 * rows * in_features * out_features
                 row = {"layer": name, "rows": rows, "in": in_features, "out": out_features,
                        **{f"{k}_gflops": flops / t / 1e9 for k, t in times.items()},
-                       "int8_vs_float32": times["float32"] / times["int8"]}
+                       "int8_vs_float32_c": times["float32_c"] / times["int8"]}
                 results.append(row)
                 print(f"| {name} [{in_features} x {out_features}] | {rows} | {row['float32_gflops']:.0f} | "
-                      f"{row['float32_c_gflops']:.0f} | "
-                      f"{row['int8_gflops']:.0f} | {row['int8_vs_float32']:.2f}x | {row['int_mm_alone_gflops']:.0f} | "
+                      f"{row['float32_c_gflops']:.0f} | {row['int8_gflops']:.0f} | "
+                      f"{row['int8_torch_backend_gflops']:.0f} | {row['int8_vs_float32_c']:.2f}x | {row['int_mm_alone_gflops']:.0f} | "
                       f"{row['onednn_u8s8_alone_gflops']:.0f} | {row['fbgemm_dynamic_gflops']:.0f} |", flush=True)
     if args.json:
         with open(args.json, "w") as f:

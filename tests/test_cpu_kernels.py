@@ -1,7 +1,7 @@
 """The C kernels for the CPU: paged-attention decode (glm_engine/cpu_decode_kernel.c) against the torch path on random
-block layouts, and the float32 linear layer (cpu_linear_kernel.c) against a float64 product; both alone and batched,
-on one thread and more; how they are built (c_kernels.py), how the engine chooses them and what it says when it
-cannot."""
+block layouts, the float32 linear layer (cpu_linear_kernel.c) against a float64 product, the AVX2 int8 layer
+(cpu_int8_kernel.c) against the exact integer product of what it quantized; alone and batched, on one thread and
+more; how they are built (c_kernels.py), how the engine chooses them and what it says when it cannot."""
 
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ import pytest
 import torch
 
 from glm_engine import EngineConfig, LLMEngine
-from glm_engine import c_kernels, cpu_decode_kernel, cpu_elementwise_kernel, cpu_linear_kernel
+from glm_engine import c_kernels, cpu_decode_kernel, cpu_elementwise_kernel, cpu_int8_kernel, cpu_linear_kernel
 from glm_engine.attention import AttentionMetadata, paged_attention
 from glm_engine.c_kernels import KernelUnavailable
 from glm_engine.cpu_decode_kernel import paged_decode_attention
 from glm_engine.glm_model import MLP, RMSNorm, Linear
 from glm_engine.model_runner import choose_decode_kernel, choose_layer_kernels
+from glm_engine.quantization import quantize_weight, requantize
 from glm_tools.gpu_check import random_decode_batch
 
 CPU = torch.device("cpu")
@@ -85,6 +86,8 @@ def test_loading_the_kernels_leaves_the_process_floating_point_mode_alone():
     """Linked with -ffast-math, a shared object would turn on flush-to-zero for the whole process."""
     for kernel in (cpu_decode_kernel, cpu_linear_kernel, cpu_elementwise_kernel):
         kernel.load()
+    with contextlib.suppress(KernelUnavailable):  # AVX2 only
+        cpu_int8_kernel.load()
     tiny = torch.tensor([1e-39]) / 10  # a subnormal float32
     assert tiny.item() != 0.0
 
@@ -128,6 +131,76 @@ def test_a_tokens_linear_output_does_not_depend_on_its_batch():
         assert torch.equal(alone, batched[first:first + count])
 
 
+def int8_kernel_or_skip():
+    try:
+        cpu_int8_kernel.load()
+    except KernelUnavailable as exc:
+        pytest.skip(f"the int8 kernel cannot run here: {exc}")
+
+
+def int8_layer(out_features: int, in_features: int, seed: int):
+    """A random weight in 7 bits, packed: (float weight, values, scales, packed, compensation)."""
+    weight = torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(seed)) * 0.05
+    values, scales = requantize(*quantize_weight(weight, "int8"), cpu_int8_kernel.WEIGHT_MAX)
+    return weight, values, scales, *cpu_int8_kernel.pack_weight(values)
+
+
+def int8_kernel(x, packed, compensation, scales, bias):
+    """The kernel's output and what it quantized x to: (out, activation values -64 .. 63, token scales)."""
+    scratch = torch.empty(len(x), cpu_int8_kernel.padded(x.shape[1]), dtype=torch.uint8), torch.empty(len(x))
+    out = cpu_int8_kernel.linear(x, packed, compensation, scales, bias, scratch)
+    return out, scratch[0][:, :x.shape[1]].long() - 64, scratch[1]
+
+
+@pytest.mark.parametrize("rows", [1, 5, 6, 7, 13, 95, 96, 97, 200])
+@pytest.mark.parametrize("out_features, in_features, bias", [
+    (768, 512, True),  # the bench model's fused q/k/v, with GLM-4's bias
+    (512, 1376, False),  # its down projection
+    (37, 1000, True),  # outputs not a multiple of the 16-wide panels, inputs not of the 8-wide steps
+    (7, 3, False),  # fewer outputs than a panel, fewer inputs than a step
+])
+def test_the_int8_kernel_sums_exactly_what_it_quantized(rows, out_features, in_features, bias):
+    """Activations quantized per token to +-63 as quantize_rows would (scale max|x| / 63, within half a step), then
+    the exact integer product scaled per token and channel: only the float scaling may round (-ffast-math reorders
+    its multiplies)."""
+    int8_kernel_or_skip()
+    generator = torch.Generator().manual_seed(rows * 1000 + out_features)
+    x = torch.randn(rows, in_features, generator=generator)
+    x[0] *= 50  # an outlier token costs the others nothing
+    _, values, scales, packed, compensation = int8_layer(out_features, in_features, rows)
+    assert values.abs().max() <= 63
+    b = torch.randn(out_features, generator=generator) if bias else None
+    got, x_values, x_scales = int8_kernel(x, packed, compensation, scales, b)
+    torch.testing.assert_close(x_scales, x.abs().amax(dim=1) / 63, rtol=1e-6, atol=0)
+    assert x_values.abs().max() <= 63 and ((x / x_scales[:, None] - x_values).abs() <= 0.5 + 1e-4).all()
+    exact = (x_values.double() @ values.double().t()) * x_scales.double()[:, None] * scales.double()
+    if b is not None:
+        exact += b.double()
+    torch.testing.assert_close(got.double(), exact, rtol=1e-6, atol=1e-6)
+    with torch_threads(1):
+        assert torch.equal(cpu_int8_kernel.linear(x, packed, compensation, scales, b), got)
+
+
+def test_the_int8_kernel_neither_saturates_nor_loses_a_token_to_its_batch():
+    """Every product at its largest (activations and weights all +-63, 4,096 inputs) sums exactly; against float32,
+    7 bits on both sides stay within 3% on average; a token's result is the same bits alone or in any batch."""
+    int8_kernel_or_skip()
+    weight = torch.full((32, 4096), 0.5)
+    weight[1::2] = -0.5
+    values, scales = requantize(*quantize_weight(weight, "int8"), cpu_int8_kernel.WEIGHT_MAX)
+    out = cpu_int8_kernel.linear(torch.ones(3, 4096), *cpu_int8_kernel.pack_weight(values), scales, None)
+    assert torch.equal(out, (torch.ones(3, 4096) @ weight.t()))  # +-2048: integers, exact in float32 too
+
+    x = torch.randn(100, 512)
+    weight, values, scales, packed, compensation = int8_layer(300, 512, seed=3)
+    batched = cpu_int8_kernel.linear(x, packed, compensation, scales, None)
+    reference = x @ weight.t()
+    assert ((batched - reference).abs().mean() / reference.abs().mean()).item() < 0.03
+    for first, count in ((0, 1), (3, 4), (90, 10), (50, 6)):
+        alone = cpu_int8_kernel.linear(x[first:first + count], packed, compensation, scales, None)
+        assert torch.equal(alone, batched[first:first + count])
+
+
 @pytest.mark.parametrize("rows", [1, 7, 300])  # 300 x 512: enough elements for the threads to share the rows
 def test_the_norm_and_activation_kernels_match_torch(rows):
     generator = torch.Generator().manual_seed(rows)
@@ -149,6 +222,7 @@ def test_the_norm_and_activation_kernels_match_torch(rows):
 
 def test_auto_picks_the_layer_kernels_on_the_cpu_in_float32_only():
     assert choose_layer_kernels("auto", CPU, torch.float32) == "cpu"
+    assert choose_layer_kernels("auto", CPU, torch.float32, "int8") == "cpu"
     assert choose_layer_kernels("auto", CPU, torch.bfloat16) == "torch"
     assert choose_layer_kernels("torch", CPU, torch.float32) == "torch"
     assert choose_layer_kernels("auto", torch.device("cuda"), torch.bfloat16) is None
@@ -158,16 +232,33 @@ def test_auto_picks_the_layer_kernels_on_the_cpu_in_float32_only():
         choose_layer_kernels("cpu", torch.device("cuda"), torch.float32)
 
 
+def test_int8_on_a_cpu_without_vnni_needs_the_int8_kernel_too(monkeypatch, caplog):
+    def unavailable():
+        raise KernelUnavailable("the int8 kernel needs AVX2")
+
+    monkeypatch.setattr(cpu_int8_kernel, "load", unavailable)
+    monkeypatch.setattr("glm_engine.model_runner.cpu_has_int8_dot_product", lambda: False)
+    with caplog.at_level(logging.WARNING):
+        assert choose_layer_kernels("auto", CPU, torch.float32, "int8") == "torch"
+    assert "(the int8 kernel needs AVX2): the layers use oneDNN and torch" in caplog.text
+    assert choose_layer_kernels("auto", CPU, torch.float32, "fp8") == "cpu"
+    with pytest.raises(ValueError, match="layer_backend cpu: the int8 kernel needs AVX2"):
+        choose_layer_kernels("cpu", CPU, torch.float32, "int8")
+    monkeypatch.setattr("glm_engine.model_runner.cpu_has_int8_dot_product", lambda: True)  # torch._int_mm's VNNI
+    assert choose_layer_kernels("cpu", CPU, torch.float32, "int8") == "cpu"
+
+
 @pytest.fixture
 def no_compiler(monkeypatch, tmp_path):
     """A machine without a C compiler and with an empty kernel cache."""
     monkeypatch.setenv("CC", "no-such-compiler")
     monkeypatch.setenv(c_kernels.CACHE_ENV, str(tmp_path))
-    cpu_decode_kernel.load.cache_clear()
-    cpu_linear_kernel.load.cache_clear()
+    kernels = (cpu_decode_kernel, cpu_linear_kernel, cpu_elementwise_kernel, cpu_int8_kernel)
+    for kernel in kernels:
+        kernel.load.cache_clear()
     yield
-    cpu_decode_kernel.load.cache_clear()
-    cpu_linear_kernel.load.cache_clear()
+    for kernel in kernels:
+        kernel.load.cache_clear()
 
 
 def test_without_a_compiler_auto_falls_back_and_says_why(no_compiler, caplog):

@@ -94,10 +94,11 @@ def _c_kernel_or(load, fallback: str, backend: str, parameter: str, consequence:
     return "cpu"
 
 
-def choose_layer_kernels(backend: str, device: torch.device, dtype: torch.dtype) -> str | None:
-    """What runs the decoder layers' float work on the CPU (GlmForCausalLM.load_weights): "cpu" (the C kernels) or
-    "torch"; None on CUDA. auto: the C kernels in float32 where they build. "cpu" where they cannot run is an
-    error."""
+def choose_layer_kernels(backend: str, device: torch.device, dtype: torch.dtype,
+                         quantization: str = "none") -> str | None:
+    """What runs the decoder layers' work on the CPU (GlmForCausalLM.load_weights): "cpu" (the C kernels: float
+    products, norms, SiLU * up, and int8 products where the CPU has no VNNI) or "torch"; None on CUDA. auto: the C
+    kernels in float32 where all those the model needs build. "cpu" where they cannot run is an error."""
     if device.type != "cpu":
         if backend == "cpu":
             raise ValueError(f"layer_backend cpu: the C kernels run on the CPU, not on {device}")
@@ -108,13 +109,15 @@ def choose_layer_kernels(backend: str, device: torch.device, dtype: torch.dtype)
         if backend == "cpu":
             raise ValueError(f"layer_backend cpu: the C kernels run float32, not {dtype}")
         return "torch"
-    from . import cpu_elementwise_kernel, cpu_linear_kernel
+    from . import cpu_elementwise_kernel, cpu_int8_kernel, cpu_linear_kernel
 
-    def load_both():
+    def load_all():
         cpu_linear_kernel.load()
         cpu_elementwise_kernel.load()
+        if quantization == "int8" and not cpu_has_int8_dot_product():
+            cpu_int8_kernel.load()
 
-    return _c_kernel_or(load_both, "torch", backend, "layer_backend", "the layers use oneDNN and torch")
+    return _c_kernel_or(load_all, "torch", backend, "layer_backend", "the layers use oneDNN and torch")
 
 
 def decode_graphs_wanted(config: EngineConfig, device: torch.device, decode_kernel: str, shard: Shard) -> bool:
@@ -173,14 +176,15 @@ class ModelRunner:
             torch.cuda.set_device(self.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.decode_kernel = choose_decode_kernel(config.attention_backend, self.device, self.dtype)
-        self.layer_kernels = choose_layer_kernels(config.layer_backend, self.device, self.dtype)
-        if threads := cpu_threads(config, shard):
-            torch.set_num_threads(threads)
         stored = stored_precision(config.model_dir).method
         self.quantization = resolve_method(config.quantization, stored, self.device)
+        self.layer_kernels = choose_layer_kernels(config.layer_backend, self.device, self.dtype, self.quantization)
+        if threads := cpu_threads(config, shard):
+            torch.set_num_threads(threads)
         if self.quantization == "int8" and self.device.type == "cpu" and not cpu_has_int8_dot_product():
-            log.info("int8 on a CPU without VNNI: activations in 7 bits through oneDNN's uint8 x int8 product, about "
-                     "float32's speed (docs/quantization.md, CPUs without VNNI)")
+            log.info("int8 on a CPU without VNNI: weights and activations in 7 bits through %s (docs/quantization.md, "
+                     "CPUs without VNNI)", "the AVX2 C kernel" if self.layer_kernels == "cpu" else
+                     "oneDNN's uint8 x int8 product, about float32's speed")
         if stored == "fp8" and config.quantization == "auto" and self.quantization == "none":
             log.warning("the FP8 checkpoint %s is served in %s: %s has no FP8 matmuls (quantization int8 keeps the "
                         "weights in 8 bits)", config.model_dir, self.dtype, self.device)
