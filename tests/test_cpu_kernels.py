@@ -15,6 +15,7 @@ from glm_engine import EngineConfig, LLMEngine
 from glm_engine import c_kernels, cpu_decode_kernel, cpu_elementwise_kernel, cpu_int8_kernel, cpu_linear_kernel
 from glm_engine.attention import AttentionMetadata, paged_attention
 from glm_engine.c_kernels import KernelUnavailable
+from glm_engine.cpu_info import cpu_flags
 from glm_engine.cpu_decode_kernel import paged_decode_attention
 from glm_engine.glm_model import MLP, RMSNorm, Linear
 from glm_engine.model_runner import choose_decode_kernel, choose_layer_kernels
@@ -119,6 +120,19 @@ def test_the_linear_kernel_matches_a_float64_product(rows, out_features, in_feat
     torch.testing.assert_close(got.double(), expected, atol=1e-5 * in_features ** 0.5, rtol=1e-5)
     with torch_threads(1):
         assert torch.equal(cpu_linear_kernel.linear(x, packed, b, out_features), got)
+
+
+def test_the_linear_kernel_gives_the_same_bits_with_or_without_avx_512():
+    """The AVX-512 build's wider tiles (8 rows x 32 outputs, against AVX2's 6 x 16) sum each output in the same
+    order: the same bits, whatever the CPU (built both ways where this one has AVX-512)."""
+    if "avx512f" not in (cpu_flags() or ()):
+        pytest.skip("this CPU has no AVX-512: only the 6 x 16 tiles can be built")
+    narrow = ("-mno-avx512f",)
+    assert cpu_linear_kernel.load()[2] == 32 and cpu_linear_kernel.load(narrow)[2] == 16
+    x, weight, bias = torch.randn(100, 200), torch.randn(77, 200), torch.randn(77)
+    wide = cpu_linear_kernel.linear(x, cpu_linear_kernel.pack_weight(weight), bias, 77)
+    assert torch.equal(cpu_linear_kernel.linear(x, cpu_linear_kernel.pack_weight(weight, narrow), bias, 77, narrow),
+                       wide)
 
 
 def test_a_tokens_linear_output_does_not_depend_on_its_batch():

@@ -53,13 +53,15 @@ def _run(command: list[str]) -> None:
                                 f"{result.stderr.strip()[-500:]}")
 
 
-def build(source: Path) -> Path:
+def build(source: Path, extra_flags: tuple[str, ...] = ()) -> Path:
     """The compiled shared object of a C source (in this package), compiling it unless the cache has it. Several
-    processes may build at once: each writes its own temporary file and renames it into place."""
+    processes may build at once: each writes its own temporary file and renames it into place. extra_flags follow
+    the usual ones (tests build a kernel for a narrower instruction set than this CPU's: -mno-avx512f)."""
     compiler = _compiler()
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    compile_flags = [*COMPILE_FLAGS, *extra_flags]
     key = hashlib.sha256("\0".join([
-        source.read_text(), compiler, version, " ".join(COMPILE_FLAGS + LINK_FLAGS), platform.machine(),
+        source.read_text(), compiler, version, " ".join(compile_flags + LINK_FLAGS), platform.machine(),
         " ".join(sorted(cpu_flags() or ())),
     ]).encode()).hexdigest()[:16]
     errors = []
@@ -71,7 +73,7 @@ def build(source: Path) -> Path:
             directory.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory(dir=directory) as scratch:
                 obj, lib = Path(scratch) / "kernel.o", Path(scratch) / "kernel.so"
-                _run([compiler, *COMPILE_FLAGS, "-c", str(source), "-o", str(obj)])
+                _run([compiler, *compile_flags, "-c", str(source), "-o", str(obj)])
                 _run([compiler, str(obj), "-o", str(lib), *LINK_FLAGS])
                 os.replace(lib, target)
             return target
@@ -81,11 +83,11 @@ def build(source: Path) -> Path:
                             f"set {CACHE_ENV}")
 
 
-def load_library(source: Path) -> ctypes.CDLL:
+def load_library(source: Path, extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
     """The compiled library of a C source, built unless cached. Raises KernelUnavailable."""
     if platform.system() != "Linux":
         raise KernelUnavailable(f"built for Linux only, not {platform.system()}")
     try:
-        return ctypes.CDLL(str(build(source)))
+        return ctypes.CDLL(str(build(source, extra_flags)))
     except OSError as exc:
         raise KernelUnavailable(f"the compiled kernel does not load: {exc}") from exc

@@ -6,59 +6,70 @@
  * then reads each panel front to back, a stream the hardware prefetcher follows, which keeps the small products of
  * decode steps from waiting on memory the way oneDNN's do here.
  *
- * The micro-kernel: up to six rows of x against one panel, twelve accumulators of eight floats (6 rows x 16
- * outputs), one broadcast of x and two loads of the panel per six pairs of multiply-adds (GCC's vector extension:
- * AVX2 or AVX-512 on x86, NEON on Arm, as -march=native allows). Rows go in blocks of ROW_BLOCK so that a block of x
- * stays in the cache while every panel passes; threads share the panels of a block. Each output is one sum over the
- * input channels in order, whatever the row count: a token's result does not depend on the rest of the batch.
+ * The micro-kernel: up to ROWS rows of x against one panel, one accumulator vector per row and VECS vectors of the
+ * panel, one broadcast of x per row and VECS loads of the panel per ROWS x VECS multiply-adds (GCC's vector
+ * extension). The tile fills the vector registers -ffast-math and -march=native leave it: with AVX-512 (32
+ * registers of 16 floats) 8 rows x 32 outputs, else (AVX2 and the rest: 16 registers of 8) 6 rows x 16 outputs.
+ * Rows go in blocks of ROW_BLOCK so that a block of x stays in the cache while every panel passes; threads share the
+ * panels of a block. Each output is one sum over the input channels in order, whatever the row count or the tile:
+ * a token's result does not depend on the rest of the batch.
  */
 
 #include <stdint.h>
 #include <string.h>
 
+#ifdef __AVX512F__
+typedef float vec __attribute__((vector_size(64)));
+#define PANEL 32
+#define ROWS 8
+#else
+typedef float vec __attribute__((vector_size(32)));
 #define PANEL 16
+#define ROWS 6
+#endif
+#define LANES ((int)(sizeof(vec) / sizeof(float)))
+#define VECS (PANEL / LANES)
 #define ROW_BLOCK 96
 
-typedef float vec8 __attribute__((vector_size(32)));
-
-static inline vec8 load8(const float *p)
+/* The panel width this build packs for (cpu_linear_kernel.py sizes the packed weight by it). */
+int linear_f32_panel(void)
 {
-    vec8 v;
+    return PANEL;
+}
+
+static inline vec load_vec(const float *p)
+{
+    vec v;
     memcpy(&v, p, sizeof v);
     return v;
 }
 
-/* out[r, 0 .. width) = x[r, :] . panel (+ bias) for rows r < ROWS, one panel. */
-#define DEFINE_TILE(ROWS)                                                                                          \
-    static void tile_##ROWS(float *out, int64_t out_stride, const float *x, int64_t x_stride, const float *panel, \
-                            int64_t in_features, const float *bias, int64_t width)                                 \
-    {                                                                                                              \
-        vec8 acc[ROWS][2];                                                                                         \
-        for (int r = 0; r < ROWS; r++)                                                                             \
-            acc[r][0] = acc[r][1] = (vec8){0};                                                                     \
-        for (int64_t j = 0; j < in_features; j++) {                                                                \
-            const vec8 w0 = load8(panel + j * PANEL), w1 = load8(panel + j * PANEL + 8);                           \
-            for (int r = 0; r < ROWS; r++) {                                                                       \
-                const float xr = x[r * x_stride + j];                                                              \
-                acc[r][0] += xr * w0;                                                                              \
-                acc[r][1] += xr * w1;                                                                              \
-            }                                                                                                      \
-        }                                                                                                          \
-        for (int r = 0; r < ROWS; r++) {                                                                           \
-            float sums[PANEL];                                                                                     \
-            memcpy(sums, &acc[r][0], sizeof acc[r][0]);                                                            \
-            memcpy(sums + 8, &acc[r][1], sizeof acc[r][1]);                                                        \
-            for (int64_t c = 0; c < width; c++)                                                                    \
-                out[r * out_stride + c] = bias ? sums[c] + bias[c] : sums[c];                                      \
-        }                                                                                                          \
+/* out[r, 0 .. width) = x[r, :] . panel (+ bias) for rows r < rows (<= ROWS), one panel. */
+static inline __attribute__((always_inline)) void tile(float *out, int64_t out_stride, const float *x,
+                                                       int64_t in_features, const float *panel, const float *bias,
+                                                       int64_t width, int rows)
+{
+    vec acc[ROWS][VECS];
+    for (int r = 0; r < rows; r++)
+        for (int v = 0; v < VECS; v++)
+            acc[r][v] = (vec){0};
+    for (int64_t j = 0; j < in_features; j++) {
+        vec w[VECS];
+        for (int v = 0; v < VECS; v++)
+            w[v] = load_vec(panel + j * PANEL + v * LANES);
+        for (int r = 0; r < rows; r++) {
+            const float xr = x[r * in_features + j];
+            for (int v = 0; v < VECS; v++)
+                acc[r][v] += xr * w[v];
+        }
     }
-
-DEFINE_TILE(1)
-DEFINE_TILE(2)
-DEFINE_TILE(3)
-DEFINE_TILE(4)
-DEFINE_TILE(5)
-DEFINE_TILE(6)
+    for (int r = 0; r < rows; r++) {
+        float sums[PANEL];
+        memcpy(sums, acc[r], sizeof sums);
+        for (int64_t c = 0; c < width; c++)
+            out[r * out_stride + c] = bias ? sums[c] + bias[c] : sums[c];
+    }
+}
 
 /* packed: [ceil(out / PANEL), in, PANEL] (see above) from weight: [out, in], contiguous. */
 void pack_linear_weight_f32(float *packed, const float *weight, int64_t out_features, int64_t in_features)
@@ -83,18 +94,23 @@ void linear_f32(float *out, const float *x, int64_t rows, const float *packed, c
             const float *panel = packed + p * in_features * PANEL;
             const float *panel_bias = bias ? bias + p * PANEL : NULL;
             const int64_t first = p * PANEL, width = out_features - first < PANEL ? out_features - first : PANEL;
-            int64_t r = first_row;
-            for (; r + 6 <= end_row; r += 6)
-                tile_6(out + r * out_features + first, out_features, x + r * in_features, in_features, panel,
-                       in_features, panel_bias, width);
-            float *o = out + r * out_features + first;
-            const float *xr = x + r * in_features;
-            switch (end_row - r) {
-            case 1: tile_1(o, out_features, xr, in_features, panel, in_features, panel_bias, width); break;
-            case 2: tile_2(o, out_features, xr, in_features, panel, in_features, panel_bias, width); break;
-            case 3: tile_3(o, out_features, xr, in_features, panel, in_features, panel_bias, width); break;
-            case 4: tile_4(o, out_features, xr, in_features, panel, in_features, panel_bias, width); break;
-            case 5: tile_5(o, out_features, xr, in_features, panel, in_features, panel_bias, width); break;
+            for (int64_t r = first_row; r < end_row; r += ROWS) {
+#define TILE(COUNT)                                                                                                  \
+    tile(out + r * out_features + first, out_features, x + r * in_features, in_features, panel, panel_bias, width, \
+         COUNT)
+                switch (end_row - r < ROWS ? end_row - r : ROWS) { /* constant counts: unrolled tiles */
+#if ROWS == 8
+                case 8: TILE(8); break;
+                case 7: TILE(7); break;
+#endif
+                case 6: TILE(6); break;
+                case 5: TILE(5); break;
+                case 4: TILE(4); break;
+                case 3: TILE(3); break;
+                case 2: TILE(2); break;
+                case 1: TILE(1); break;
+                }
+#undef TILE
             }
         }
     }

@@ -19,36 +19,38 @@ import torch
 from .c_kernels import load_library
 
 SOURCE = Path(__file__).with_suffix(".c")
-PANEL = 16  # output channels a panel: as in the C source
-
-
 @functools.cache
-def load() -> tuple:
-    """The kernel's (pack, linear) C functions, built on first use. Raises KernelUnavailable."""
-    library = load_library(SOURCE)
+def load(extra_flags: tuple[str, ...] = ()) -> tuple:
+    """The kernel's (pack, linear) C functions and its panel width (output channels a panel: 32 with AVX-512, else
+    16), built on first use (extra_flags: c_kernels.build). Raises KernelUnavailable."""
+    library = load_library(SOURCE, extra_flags)
     pointer, i64 = ctypes.c_void_p, ctypes.c_int64
     pack, linear = library.pack_linear_weight_f32, library.linear_f32
     pack.argtypes, pack.restype = [pointer, pointer, i64, i64], None
     linear.argtypes, linear.restype = [pointer, pointer, i64, pointer, pointer, i64, i64, ctypes.c_int], None
-    return pack, linear
+    library.linear_f32_panel.restype = ctypes.c_int
+    return pack, linear, library.linear_f32_panel()
 
 
-def pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    """weight [out, in] float32 -> its packed copy [ceil(out / PANEL), in, PANEL]."""
+def pack_weight(weight: torch.Tensor, extra_flags: tuple[str, ...] = ()) -> torch.Tensor:
+    """weight [out, in] float32 -> its packed copy [ceil(out / panel), in, panel] for the kernel load(extra_flags)
+    builds."""
     out_features, in_features = weight.shape
     weight = weight.detach().contiguous()
     assert weight.dtype == torch.float32 and weight.device.type == "cpu", "float32 on the CPU only"
-    packed = torch.empty(-(-out_features // PANEL), in_features, PANEL)
-    load()[0](packed.data_ptr(), weight.data_ptr(), out_features, in_features)
+    pack, _, panel = load(extra_flags)
+    packed = torch.empty(-(-out_features // panel), in_features, panel)
+    pack(packed.data_ptr(), weight.data_ptr(), out_features, in_features)
     return packed
 
 
-def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int,
+           extra_flags: tuple[str, ...] = ()) -> torch.Tensor:
     """x [rows, in] float32 times the packed weight (+ bias) -> [rows, out_features], on torch's threads."""
     x = x.contiguous()
     rows, in_features = x.shape
     assert x.dtype == torch.float32 and packed.shape[1] == in_features
     out = torch.empty(rows, out_features)
-    load()[1](out.data_ptr(), x.data_ptr(), rows, packed.data_ptr(), None if bias is None else bias.data_ptr(),
-              out_features, in_features, torch.get_num_threads())
+    load(extra_flags)[1](out.data_ptr(), x.data_ptr(), rows, packed.data_ptr(),
+                         None if bias is None else bias.data_ptr(), out_features, in_features, torch.get_num_threads())
     return out
