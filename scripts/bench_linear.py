@@ -4,13 +4,12 @@
     .venv/bin/python scripts/bench_linear.py [--rows 1,32,256,2048] [--repeat 30] [--json F]
 
 Side by side, on the same input: the float32 layer (glm_model.Linear) packed for oneDNN and for the C kernel
-(glm_engine/cpu_linear_kernel.c, the engine's default on the CPU), the engine's int8 layer as the engine runs it on
-this CPU with its default C kernels (glm_engine/quantization.py: per-token activation scales, then `torch._int_mm`
-where the CPU has VNNI, else the AVX2 kernel cpu_int8_kernel.c with 7-bit weights and activations) and as it runs
-with layer_backend torch (without VNNI: oneDNN's uint8 x int8 product of 7-bit activations), the integer product
-alone on the _int_mm and oneDNN paths (what it costs without quantizing and rescaling), and fbgemm's dynamic int8
-layer (`torch.ao`'s, which scales activations per tensor: faster where it is, but a token's result then depends on
-the rest of the batch).
+(glm_engine/cpu_linear_kernel.c, the engine's default on the CPU), the engine's int8 layer as it runs on this CPU
+with its default C kernels and with layer_backend torch (glm_engine/quantization.py, int8_cpu_kernel: the C kernel
+cpu_int8_kernel.c, `torch._int_mm`, or without VNNI oneDNN's uint8 x int8 product of 7-bit activations), the
+integer product alone on the _int_mm and oneDNN paths (what it costs without quantizing and rescaling), and
+fbgemm's dynamic int8 layer (`torch.ao`'s, which scales activations per tensor: faster where it is, but a token's
+result then depends on the rest of the batch).
 Prints GFLOP/s-equivalent (2 * rows * in * out / time) and writes JSON.
 """
 
@@ -25,8 +24,9 @@ import warnings
 import torch
 
 from glm_engine.glm_model import Linear
-from glm_engine.quantization import (INT7_MAX, QuantizedLinear, cpu_has_int8_dot_product, pack_int8_for_avx2,
-                                     quantize_rows, quantize_weight)
+from glm_engine import cpu_int8_kernel
+from glm_engine.quantization import (INT7_MAX, QuantizedLinear, cpu_has_int8_dot_product, int8_cpu_kernel,
+                                     pack_int8_for_avx2, quantize_rows, quantize_weight)
 from glm_tools.demo_model import BENCH_ARCHITECTURE
 
 HIDDEN, INTER = BENCH_ARCHITECTURE["hidden_size"], BENCH_ARCHITECTURE["intermediate_size"]
@@ -53,10 +53,10 @@ def layers(in_features: int, out_features: int):
     dense.pack_for_cpu("onednn")
     dense_c.pack_for_cpu("cpu")  # the engine's float32 layer where the C kernel builds
     int8s = []
-    for kernel in ("cpu", "onednn"):  # as the engine packs them (nothing changes where the CPU has VNNI)
+    for layer_kernels in ("cpu", "torch"):  # as the engine packs them
         int8 = QuantizedLinear(in_features, out_features, bias=False, method="int8")
         int8.weight, int8.weight_scale = values, scales = quantize_weight(weight, "int8")
-        int8.pack_for_cpu(kernel)
+        int8.pack_for_cpu(layer_kernels)
         int8s.append(int8)
     with warnings.catch_warnings():  # torch.ao's quantized tensors are deprecated, and still the fbgemm path
         warnings.simplefilter("ignore")
@@ -73,10 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     vnni = cpu_has_int8_dot_product()
-    path = "yes: the engine uses _int_mm" if vnni else ("no: the engine uses the AVX2 C kernel (7-bit weights and "
-                                                        "activations), with layer_backend torch oneDNN's u8 x s8")
+    names = {"cpu": f"the C kernel (+-{cpu_int8_kernel.load().value_max})",
+             "onednn": "oneDNN u8 x s8 (7-bit activations)", None: "_int_mm"}
     print(f"[linear] torch {torch.__version__}, {torch.get_num_threads()} threads, int8 dot product (VNNI/AMX): "
-          f"{path}; GFLOP/s-equivalent", flush=True)
+          f"{'yes' if vnni else 'no'}; int8 products: {names[int8_cpu_kernel('cpu')]}, with layer_backend torch "
+          f"{names[int8_cpu_kernel('torch')]}; GFLOP/s-equivalent", flush=True)
     print("\n| layer | rows | float32 (oneDNN) | float32 (C kernel) | int8 (engine) | int8 (layer_backend torch) "
           "| int8 (engine) vs float32 (C kernel) | _int_mm alone | oneDNN u8 x s8 alone | fbgemm dynamic (per-tensor) |"
           "\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -109,8 +110,8 @@ def main(argv: list[str] | None = None) -> int:
                 results.append(row)
                 print(f"| {name} [{in_features} x {out_features}] | {rows} | {row['float32_gflops']:.0f} | "
                       f"{row['float32_c_gflops']:.0f} | {row['int8_gflops']:.0f} | "
-                      f"{row['int8_torch_backend_gflops']:.0f} | {row['int8_vs_float32_c']:.2f}x | {row['int_mm_alone_gflops']:.0f} | "
-                      f"{row['onednn_u8s8_alone_gflops']:.0f} | {row['fbgemm_dynamic_gflops']:.0f} |", flush=True)
+                      f"{row['int8_torch_backend_gflops']:.0f} | {row['int8_vs_float32_c']:.2f}x | "
+                      f"{row['int_mm_alone_gflops']:.0f} | {row['onednn_u8s8_alone_gflops']:.0f} | {row['fbgemm_dynamic_gflops']:.0f} |", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"torch": torch.__version__, "threads": torch.get_num_threads(), "int8_dot_product": vnni,

@@ -44,7 +44,7 @@ def quantize_lm_head(engine: LLMEngine, model_dir: str, method: str) -> None:
     head = QuantizedLinear(weight.shape[1], weight.shape[0], bias=False, method=method)
     head.weight, head.weight_scale = quantize_weight(weight, method)
     if engine.runner.device.type == "cpu":
-        head.pack_for_cpu("cpu" if engine.runner.layer_kernels == "cpu" else "onednn")
+        head.pack_for_cpu(engine.runner.layer_kernels)
     engine.runner.model.lm_head = head
 
 

@@ -1,44 +1,60 @@
-/* INT8 linear layers on x86 CPUs with AVX2 but no int8 dot-product instruction (no VNNI: e.g. AMD Zen 2):
- * out = dequantize(quantize(x) @ weight^T) (+ bias), the weight packed once at load.
+/* INT8 linear layers on x86 CPUs: out = dequantize(quantize(x) @ weight^T) (+ bias), the weight packed once at load,
+ * each token's activations quantized inside the call. Built and loaded by cpu_int8_kernel.py (compiled for the CPU
+ * it runs on: c_kernels.py). Two builds, as the CPU allows:
  *
- * Built and loaded by cpu_int8_kernel.py (compiled for the CPU it runs on: c_kernels.py; without AVX2 it does not
- * build). AVX2's only int8 product, vpmaddubsw, multiplies uint8 by int8 and adds each pair of products into a
- * saturating int16; a second multiply, vpmaddwd by ones, widens pairs of those into int32. Both go to the same
- * multiply unit, so one such step per 32 products is no faster than float32's fused multiply-adds. Here values
- * are kept small enough that two steps' int16 sums add without overflow before they are widened: 1.5 multiply
- * instructions per 32 products instead of 2, and a quarter of float32's weight bytes to read.
+ * - AVX-512 VNNI (Ice Lake and later, AMD Zen 4 and later): vpdpbusd multiplies 4 uint8 by 4 int8 and adds them
+ *   into an int32 in one instruction. Weights +-127 per output channel, activations +-127 per token shifted by 128
+ *   into uint8 1 .. 255: the integers torch._int_mm would sum, without its separate quantizing and rescaling
+ *   passes.
+ * - AVX2 without VNNI (e.g. AMD Zen 2): the only int8 product, vpmaddubsw, multiplies uint8 by int8 and adds each
+ *   pair of products into a saturating int16; a second multiply, vpmaddwd by ones, widens pairs of those into int32.
+ *   Both go to the same multiply unit, so one such step per 32 products is no faster than float32's multiply-adds.
+ *   Here weights and activations keep to 7 bits (+-63; activations shifted by 64 into 1 .. 127): a pair of products
+ *   is then at most 2 * 127 * 63 = 16002 and two pairs 32004 < 32767, so two steps' int16 sums add exactly before
+ *   one widening: 1.5 multiply instructions per 32 products instead of 2, and a quarter of float32's weight bytes.
  *
- * The values: each token's activations are quantized to +-63 (7 bits) and shifted by 64 into 1 .. 127 (uint8);
- * each weight row (output channel) to +-63. A pair of products is then at most 2 * 127 * 63 = 16002 and two pairs
- * 32004 < 32767: every integer sum is exact. The shift adds 64 * (sum of the channel's weights) to each output, which
- * the packed weight carries (its compensation) and the kernel takes away.
- *
- * The weight [out, in] is packed into panels of PANEL output channels: for every GROUP input channels, the panel
- * holds 4 consecutive weights of each of its 16 outputs side by side (vpmaddubsw's layout: one int32 lane an output),
- * the input zero-padded to a multiple of GROUP. The micro-kernel takes ROWS tokens against one panel, two int32
- * accumulators of 8 outputs a token. Each output's sum is the same integers in the same order whatever the batch,
- * then scaled by the token's and the channel's scales: a token's result does not depend on the rest of the batch.
+ * Either way the shift adds SHIFT * (sum of the channel's weights) to each output, which the packed weight carries
+ * (its compensation) and the kernel takes away; every integer sum is exact. The weight [out, in] is packed into
+ * panels of PANEL output channels: for every 4 input channels, the panel holds the 4 weights of each of its outputs
+ * side by side (one int32 lane an output), the input zero-padded to a multiple of GROUP. The micro-kernel takes up
+ * to ROWS tokens against one panel. Each output's sum is the same integers whatever the batch, then scaled by the
+ * token's and the channel's scales: a token's result does not depend on the rest of the batch.
  */
-
-#ifndef __AVX2__
-#error "the int8 kernel needs AVX2 (compiled with -march=native on a CPU without it)"
-#endif
 
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define PANEL 32
+#define ROWS 8
+#define VALUE_MAX 127 /* weights and activations */
+#elif defined(__AVX2__)
 #define PANEL 16
-#define GROUP 8 /* input channels a step: two vpmaddubsw of 4 */
 #define ROWS 6
+#define VALUE_MAX 63
+#else
+#error "the int8 kernel needs AVX2 (compiled with -march=native on a CPU without it)"
+#endif
+#define SHIFT (VALUE_MAX + 1)
+#define GROUP 8 /* the packed input's padding: two steps of 4 on AVX2 */
 #define ROW_BLOCK 96
-#define ACTIVATION_MAX 63.0f
-#define ACTIVATION_SHIFT 64
 #define MIN_SCALE 1e-12f /* as quantization.MIN_SCALE: a row of zeros still divides by something */
 
-/* packed: [ceil(out / PANEL), padded_in / GROUP, 2, PANEL, 4] int8 from weight [out, in] (+-63, contiguous);
- * compensation[o] = ACTIVATION_SHIFT * sum of weight row o. */
+/* What this build takes (cpu_int8_kernel.py sizes and quantizes the weight by them). */
+int linear_i8_panel(void)
+{
+    return PANEL;
+}
+
+int linear_i8_value_max(void)
+{
+    return VALUE_MAX;
+}
+
+/* packed: [ceil(out / PANEL), padded_in / 4, PANEL, 4] int8 from weight [out, in] (+-VALUE_MAX, contiguous);
+ * compensation[o] = SHIFT * sum of weight row o. */
 void pack_linear_weight_i8(int8_t *packed, int32_t *compensation, const int8_t *weight, int64_t out_features,
                            int64_t in_features, int64_t padded_in)
 {
@@ -47,36 +63,71 @@ void pack_linear_weight_i8(int8_t *packed, int32_t *compensation, const int8_t *
     for (int64_t o = 0; o < out_features; o++) {
         int32_t sum = 0;
         for (int64_t j = 0; j < in_features; j++) {
-            const int64_t quad = j / 4; /* 4 inputs of one output lie together */
-            packed[((o / PANEL * (padded_in / 4) + quad) * PANEL + o % PANEL) * 4 + j % 4] = weight[o * in_features + j];
+            packed[((o / PANEL * (padded_in / 4) + j / 4) * PANEL + o % PANEL) * 4 + j % 4] = weight[o * in_features + j];
             sum += weight[o * in_features + j];
         }
-        compensation[o] = ACTIVATION_SHIFT * sum;
+        compensation[o] = SHIFT * sum;
     }
 }
 
-/* One token's activations: scale = max|x| / 63 and x / scale rounded (to even, as torch.round), shifted to uint8.
- * The padding gets the shift (a zero activation): it meets zero weights anyway. */
+/* One token's activations: scale = max|x| / VALUE_MAX and x / scale rounded (to even, as torch.round), shifted to
+ * uint8. The padding gets the shift (a zero activation): it meets zero weights anyway. */
 static void quantize_row(uint8_t *values, float *scale, const float *x, int64_t in_features, int64_t padded_in)
 {
     float largest = 0.0f;
     for (int64_t j = 0; j < in_features; j++)
         largest = fmaxf(largest, fabsf(x[j]));
-    const float s = fmaxf(largest, MIN_SCALE) / ACTIVATION_MAX;
+    const float s = fmaxf(largest, MIN_SCALE) / VALUE_MAX;
     for (int64_t j = 0; j < in_features; j++)
-        values[j] = (uint8_t)((int)nearbyintf(x[j] / s) + ACTIVATION_SHIFT);
-    memset(values + in_features, ACTIVATION_SHIFT, (size_t)(padded_in - in_features));
+        values[j] = (uint8_t)((int)nearbyintf(x[j] / s) + SHIFT);
+    memset(values + in_features, SHIFT, (size_t)(padded_in - in_features));
     *scale = s;
 }
 
-static inline __m256i broadcast4(const uint8_t *p)
+static inline int32_t four_bytes(const uint8_t *p)
 {
     int32_t v;
     memcpy(&v, p, sizeof v);
-    return _mm256_set1_epi32(v);
+    return v;
 }
 
-/* out[r, 0 .. width) for tokens r < rows (<= ROWS) against one panel. */
+#if VALUE_MAX == 127
+/* out[r, 0 .. width) for tokens r < rows (<= ROWS) against one panel: two int32 vectors of 16 outputs a token. */
+static inline __attribute__((always_inline)) void tile(float *out, int64_t out_stride, const uint8_t *values,
+                                                       int64_t padded_in, const float *token_scales,
+                                                       const int8_t *panel, const int32_t *compensation,
+                                                       const float *weight_scale, const float *bias,
+                                                       int64_t width, int rows)
+{
+    __m512i acc[ROWS][2];
+    for (int r = 0; r < rows; r++)
+        acc[r][0] = acc[r][1] = _mm512_setzero_si512();
+    for (int64_t j = 0; j < padded_in; j += 4) {
+        const int8_t *w = panel + j * PANEL; /* [PANEL, 4] */
+        const __m512i w0 = _mm512_loadu_si512(w), w1 = _mm512_loadu_si512(w + 64);
+        for (int r = 0; r < rows; r++) {
+            const __m512i x = _mm512_set1_epi32(four_bytes(values + r * padded_in + j));
+            acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], x, w0);
+            acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], x, w1);
+        }
+    }
+    /* (sum - compensation) * (weight scale * token scale) (+ bias) in intrinsics that -ffast-math cannot reorder:
+     * every tile size computes a token's outputs the same way, whatever the batch. */
+    for (int half = 0; half < 2; half++) {
+        const int64_t left = width - 16 * half;
+        const __mmask16 lanes = left >= 16 ? 0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+        const __m512i shift = _mm512_maskz_loadu_epi32(lanes, compensation + 16 * half);
+        const __m512 scale = _mm512_maskz_loadu_ps(lanes, weight_scale + 16 * half);
+        const __m512 add = bias ? _mm512_maskz_loadu_ps(lanes, bias + 16 * half) : _mm512_setzero_ps();
+        for (int r = 0; r < rows; r++) {
+            const __m512 sum = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][half], shift));
+            const __m512 value = _mm512_fmadd_ps(sum, _mm512_mul_ps(scale, _mm512_set1_ps(token_scales[r])), add);
+            _mm512_mask_storeu_ps(out + r * out_stride + 16 * half, lanes, value);
+        }
+    }
+}
+#else
+/* out[r, 0 .. width) for tokens r < rows (<= ROWS) against one panel: two int32 vectors of 8 outputs a token. */
 static inline __attribute__((always_inline)) void tile(float *out, int64_t out_stride, const uint8_t *values,
                                                        int64_t padded_in, const float *token_scales,
                                                        const int8_t *panel, const int32_t *compensation,
@@ -85,31 +136,41 @@ static inline __attribute__((always_inline)) void tile(float *out, int64_t out_s
 {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i acc[ROWS][2];
-    for (int r = 0; r < ROWS; r++)
+    for (int r = 0; r < rows; r++)
         acc[r][0] = acc[r][1] = _mm256_setzero_si256();
     for (int64_t j = 0; j < padded_in; j += GROUP) {
-        const int8_t *w = panel + j * PANEL; /* [2, PANEL, 4] */
+        const int8_t *w = panel + j * PANEL; /* [2, PANEL, 4]: inputs j .. j + 3, then j + 4 .. j + 7 */
         const __m256i a0 = _mm256_loadu_si256((const __m256i *)w), a1 = _mm256_loadu_si256((const __m256i *)(w + 32));
         const __m256i b0 = _mm256_loadu_si256((const __m256i *)(w + 64));
         const __m256i b1 = _mm256_loadu_si256((const __m256i *)(w + 96));
         for (int r = 0; r < rows; r++) {
-            const __m256i x = broadcast4(values + r * padded_in + j), y = broadcast4(values + r * padded_in + j + 4);
+            const __m256i x = _mm256_set1_epi32(four_bytes(values + r * padded_in + j));
+            const __m256i y = _mm256_set1_epi32(four_bytes(values + r * padded_in + j + 4));
             const __m256i s0 = _mm256_add_epi16(_mm256_maddubs_epi16(x, a0), _mm256_maddubs_epi16(y, b0));
             const __m256i s1 = _mm256_add_epi16(_mm256_maddubs_epi16(x, a1), _mm256_maddubs_epi16(y, b1));
             acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(s0, ones));
             acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(s1, ones));
         }
     }
-    for (int r = 0; r < rows; r++) {
-        int32_t sums[PANEL];
-        memcpy(sums, &acc[r][0], sizeof acc[r][0]);
-        memcpy(sums + 8, &acc[r][1], sizeof acc[r][1]);
-        for (int64_t c = 0; c < width; c++) {
-            const float value = (float)(sums[c] - compensation[c]) * token_scales[r] * weight_scale[c];
-            out[r * out_stride + c] = bias ? value + bias[c] : value;
+    /* As the VNNI build's: intrinsics -ffast-math cannot reorder, through zero-padded copies past the width. */
+    for (int half = 0; half < 2 && width > 8 * half; half++) {
+        const int64_t count = width - 8 * half < 8 ? width - 8 * half : 8;
+        int32_t shifts[8] = {0};
+        float scales[8] = {0}, adds[8] = {0}, values[8];
+        memcpy(shifts, compensation + 8 * half, sizeof(int32_t) * count);
+        memcpy(scales, weight_scale + 8 * half, sizeof(float) * count);
+        if (bias)
+            memcpy(adds, bias + 8 * half, sizeof(float) * count);
+        const __m256i shift = _mm256_loadu_si256((const __m256i *)shifts);
+        const __m256 scale = _mm256_loadu_ps(scales), add = _mm256_loadu_ps(adds);
+        for (int r = 0; r < rows; r++) {
+            const __m256 sum = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[r][half], shift));
+            _mm256_storeu_ps(values, _mm256_fmadd_ps(sum, _mm256_mul_ps(scale, _mm256_set1_ps(token_scales[r])), add));
+            memcpy(out + r * out_stride + 8 * half, values, sizeof(float) * count);
         }
     }
 }
+#endif
 
 /* out: [rows, out_features] float32; x: [rows, in_features] float32, contiguous; values, token_scales: scratch
  * [rows, padded_in] uint8 and [rows] float32 (left holding x quantized, for tests); weight_scale [out_features];
@@ -136,6 +197,10 @@ void linear_i8(float *out, const float *x, int64_t rows, const int8_t *packed, c
     tile(out + r * out_features + first, out_features, values + r * padded_in, padded_in, token_scales + r, panel, \
          compensation + first, weight_scale + first, panel_bias, width, COUNT)
                     switch (end_row - r < ROWS ? end_row - r : ROWS) { /* constant counts: unrolled tiles */
+#if ROWS == 8
+                    case 8: TILE(8); break;
+                    case 7: TILE(7); break;
+#endif
                     case 6: TILE(6); break;
                     case 5: TILE(5); break;
                     case 4: TILE(4); break;

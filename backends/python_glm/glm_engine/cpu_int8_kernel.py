@@ -1,10 +1,12 @@
-"""INT8 linear layers on x86 CPUs with AVX2 and no VNNI, in C (cpu_int8_kernel.c): activations quantized per token
-to 7 bits inside the call, weights per output channel to 7 bits and packed once at load.
+"""INT8 linear layers on x86 CPUs in C (cpu_int8_kernel.c): activations quantized per token inside the call, weights
+per output channel and packed once at load.
 
-There, torch._int_mm falls back to a plain loop and oneDNN's uint8 x int8 product ran at float32's speed or below
-(its AVX2 instruction adds pairs of products in 16 bits, one widening multiply per step); keeping both sides to 7 bits
-lets this kernel add two steps before widening (docs/quantization.md, CPUs without VNNI). Compiled on first use for
-this CPU (c_kernels.py); without AVX2 or a compiler, load() raises KernelUnavailable.
+With AVX-512 VNNI the build sums 8-bit weights and activations (the integers torch._int_mm would) in one pass with
+the quantizing and rescaling that cost _int_mm's path as much as its product at decode sizes. With AVX2 and no VNNI,
+where torch._int_mm falls back to a plain loop and oneDNN's uint8 x int8 product ran at float32's speed or below, it
+keeps weights and activations to 7 bits so that it can add two steps before widening (docs/quantization.md, CPUs
+without VNNI). Compiled on first use for this CPU (c_kernels.py); without AVX2 or a compiler, load() raises
+KernelUnavailable.
 """
 
 from __future__ import annotations
@@ -12,61 +14,70 @@ from __future__ import annotations
 import ctypes
 import functools
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 import torch
 
 from .c_kernels import load_library
 
 SOURCE = Path(__file__).with_suffix(".c")
-PANEL = 16  # output channels a panel: as in the C source
-GROUP = 8  # input channels a step: the packed input is padded to a multiple of it
-WEIGHT_MAX = 63  # 7-bit weights and activations: two steps' 16-bit sums cannot overflow (the C source says why)
-ACTIVATION_MAX = 63.0
+GROUP = 8  # the packed input is padded to a multiple of it
+
+
+class Int8Kernel(NamedTuple):
+    pack: Callable
+    linear: Callable
+    panel: int  # output channels a panel
+    value_max: int  # weights and activations within +-value_max: 127 with VNNI, 63 with AVX2 alone
 
 
 @functools.cache
-def load() -> tuple:
-    """The kernel's (pack, linear) C functions, built on first use. Raises KernelUnavailable."""
-    library = load_library(SOURCE)
+def load(extra_flags: tuple[str, ...] = ()) -> Int8Kernel:
+    """The kernel built on first use (extra_flags: c_kernels.build). Raises KernelUnavailable."""
+    library = load_library(SOURCE, extra_flags)
     pointer, i64 = ctypes.c_void_p, ctypes.c_int64
     pack, linear = library.pack_linear_weight_i8, library.linear_i8
     pack.argtypes, pack.restype = [pointer, pointer, pointer, i64, i64, i64], None
     linear.argtypes = [pointer, pointer, i64, pointer, pointer, pointer, pointer, i64, i64, i64, pointer, pointer,
                        ctypes.c_int]
     linear.restype = None
-    return pack, linear
+    library.linear_i8_panel.restype = library.linear_i8_value_max.restype = ctypes.c_int
+    return Int8Kernel(pack, linear, library.linear_i8_panel(), library.linear_i8_value_max())
 
 
 def padded(in_features: int) -> int:
     return -(-in_features // GROUP) * GROUP
 
 
-def pack_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A weight [out, in] int8 within +-WEIGHT_MAX -> (packed [ceil(out / PANEL), padded in * PANEL] int8,
-    compensation [out] int32)."""
+def pack_weight(weight: torch.Tensor, extra_flags: tuple[str, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+    """A weight [out, in] int8 within +-value_max -> (packed [ceil(out / panel), padded in * panel] int8,
+    compensation [out] int32) for the kernel load(extra_flags) builds."""
+    kernel = load(extra_flags)
     out_features, in_features = weight.shape
     weight = weight.detach().contiguous()
     assert weight.dtype == torch.int8 and weight.device.type == "cpu", "int8 on the CPU only"
-    assert int(weight.abs().max()) <= WEIGHT_MAX, f"weights within +-{WEIGHT_MAX} only"
-    packed = torch.empty(-(-out_features // PANEL), padded(in_features) * PANEL, dtype=torch.int8)
+    assert int(weight.abs().max()) <= kernel.value_max, f"weights within +-{kernel.value_max} only"
+    packed = torch.empty(-(-out_features // kernel.panel), padded(in_features) * kernel.panel, dtype=torch.int8)
     compensation = torch.empty(out_features, dtype=torch.int32)
-    load()[0](packed.data_ptr(), compensation.data_ptr(), weight.data_ptr(), out_features, in_features,
-              padded(in_features))
+    kernel.pack(packed.data_ptr(), compensation.data_ptr(), weight.data_ptr(), out_features, in_features,
+                padded(in_features))
     return packed, compensation
 
 
 def linear(x: torch.Tensor, packed: torch.Tensor, compensation: torch.Tensor, weight_scale: torch.Tensor,
-           bias: torch.Tensor | None, scratch: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+           bias: torch.Tensor | None, scratch: tuple[torch.Tensor, torch.Tensor] | None = None,
+           extra_flags: tuple[str, ...] = ()) -> torch.Tensor:
     """x [rows, in] float32 times the packed weight, scaled per channel by weight_scale [out] (+ bias) -> float32
-    [rows, out], on torch's threads. scratch: (uint8 [rows, padded in], float32 [rows]) to hold x quantized (tests
-    read it); by default fresh tensors."""
+    [rows, out], on torch's threads. scratch: (uint8 [rows, padded in], float32 [rows]) to hold x quantized and
+    shifted by value_max + 1 (tests read it); by default fresh tensors."""
+    kernel = load(extra_flags)
     x = x.contiguous()
     rows, in_features = x.shape
     out_features = compensation.shape[0]
-    assert x.dtype == torch.float32 and packed.shape[1] == padded(in_features) * PANEL
+    assert x.dtype == torch.float32 and packed.shape[1] == padded(in_features) * kernel.panel
     values, token_scales = scratch or (torch.empty(rows, padded(in_features), dtype=torch.uint8), torch.empty(rows))
     out = torch.empty(rows, out_features)
-    load()[1](out.data_ptr(), x.data_ptr(), rows, packed.data_ptr(), compensation.data_ptr(), weight_scale.data_ptr(),
-              None if bias is None else bias.data_ptr(), out_features, in_features, padded(in_features),
-              values.data_ptr(), token_scales.data_ptr(), torch.get_num_threads())
+    kernel.linear(out.data_ptr(), x.data_ptr(), rows, packed.data_ptr(), compensation.data_ptr(),
+                  weight_scale.data_ptr(), None if bias is None else bias.data_ptr(), out_features, in_features,
+                  padded(in_features), values.data_ptr(), token_scales.data_ptr(), torch.get_num_threads())
     return out

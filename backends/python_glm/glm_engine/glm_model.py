@@ -271,8 +271,7 @@ class GlmForCausalLM(nn.Module):
         """Load a checkpoint's tensors; on the CPU, `cpu_kernels` says what runs the layers: "cpu" (this package's C
         kernels: float Linear weights packed for cpu_linear_kernel, norms and SiLU * up in cpu_elementwise_kernel) or
         "torch" (float Linear weights packed for oneDNN where it packs the dtype, else nn.Linear's path; torch
-        operators). int8 weights on CPUs without VNNI are packed for cpu_int8_kernel or oneDNN alike
-        (QuantizedLinear.pack_for_cpu)."""
+        operators). int8 weights are packed for the kernel that runs them with those (QuantizedLinear.pack_for_cpu)."""
         tied = self.config.tie_word_embeddings and "lm_head.weight" not in state
         if tied:
             state = {**state, "lm_head.weight": state["model.embed_tokens.weight"]}
@@ -291,7 +290,9 @@ class GlmForCausalLM(nn.Module):
             floats = c_kernels or can_pack_for_cpu(self.model.embed_tokens.weight.dtype)
             for module in self.modules():
                 tied_head = tied and module is self.lm_head  # shares the embedding's weight: packing would copy it
-                if isinstance(module, QuantizedLinear) or (isinstance(module, Linear) and floats and not tied_head):
+                if isinstance(module, QuantizedLinear):
+                    module.pack_for_cpu(cpu_kernels)
+                elif isinstance(module, Linear) and floats and not tied_head:
                     module.pack_for_cpu("cpu" if c_kernels else "onednn")
                 elif isinstance(module, (RMSNorm, MLP)):
                     module.c_kernel = c_kernels

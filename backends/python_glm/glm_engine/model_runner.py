@@ -13,13 +13,14 @@ from dataclasses import dataclass
 
 import torch
 
+from . import cpu_int8_kernel
 from .attention import AttentionMetadata
 from .checkpoint import load_state_dict, stored_precision
 from .config import EngineConfig, ModelConfig
 from .cuda_graph import DecodeGraphs, graph_batch_sizes
 from .glm_model import GlmForCausalLM
 from .memory import RESERVE_BYTES, available_bytes, check_fits, weight_bytes
-from .quantization import cpu_has_int8_dot_product, resolve_method
+from .quantization import int8_cpu_kernel, resolve_method
 from .scheduler import SchedulerOutput
 from .tensor_parallel import Shard
 
@@ -97,7 +98,7 @@ def _c_kernel_or(load, fallback: str, backend: str, parameter: str, consequence:
 def choose_layer_kernels(backend: str, device: torch.device, dtype: torch.dtype,
                          quantization: str = "none") -> str | None:
     """What runs the decoder layers' work on the CPU (GlmForCausalLM.load_weights): "cpu" (the C kernels: float
-    products, norms, SiLU * up, and int8 products where the CPU has no VNNI) or "torch"; None on CUDA. auto: the C
+    products, norms, SiLU * up, and int8 products: quantization.int8_cpu_kernel) or "torch"; None on CUDA. auto: the C
     kernels in float32 where all those the model needs build. "cpu" where they cannot run is an error."""
     if device.type != "cpu":
         if backend == "cpu":
@@ -109,12 +110,12 @@ def choose_layer_kernels(backend: str, device: torch.device, dtype: torch.dtype,
         if backend == "cpu":
             raise ValueError(f"layer_backend cpu: the C kernels run float32, not {dtype}")
         return "torch"
-    from . import cpu_elementwise_kernel, cpu_int8_kernel, cpu_linear_kernel
+    from . import cpu_elementwise_kernel, cpu_linear_kernel
 
     def load_all():
         cpu_linear_kernel.load()
         cpu_elementwise_kernel.load()
-        if quantization == "int8" and not cpu_has_int8_dot_product():
+        if quantization == "int8":
             cpu_int8_kernel.load()
 
     return _c_kernel_or(load_all, "torch", backend, "layer_backend", "the layers use oneDNN and torch")
@@ -181,10 +182,11 @@ class ModelRunner:
         self.layer_kernels = choose_layer_kernels(config.layer_backend, self.device, self.dtype, self.quantization)
         if threads := cpu_threads(config, shard):
             torch.set_num_threads(threads)
-        if self.quantization == "int8" and self.device.type == "cpu" and not cpu_has_int8_dot_product():
-            log.info("int8 on a CPU without VNNI: weights and activations in 7 bits through %s (docs/quantization.md, "
-                     "CPUs without VNNI)", "the AVX2 C kernel" if self.layer_kernels == "cpu" else
-                     "oneDNN's uint8 x int8 product, about float32's speed")
+        if self.quantization == "int8" and self.device.type == "cpu":
+            log.info("int8 products on this CPU: %s (docs/quantization.md)", {
+                "cpu": f"the C kernel, weights and activations within +-{cpu_int8_kernel.load().value_max}",
+                "onednn": "oneDNN's uint8 x int8 product, 7-bit activations: about float32's speed without VNNI",
+                None: "torch._int_mm"}[int8_cpu_kernel(self.layer_kernels)])
         if stored == "fp8" and config.quantization == "auto" and self.quantization == "none":
             log.warning("the FP8 checkpoint %s is served in %s: %s has no FP8 matmuls (quantization int8 keeps the "
                         "weights in 8 bits)", config.model_dir, self.dtype, self.device)

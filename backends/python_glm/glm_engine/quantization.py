@@ -6,11 +6,12 @@ product is computed on the 8-bit values and scaled back by the token's and the c
 result never depends on the other tokens in the batch (one outlier token cannot cost another precision, and a
 request gets the same tokens whoever it is batched with).
 
-- int8: `torch._int_mm` (int8 x int8 -> int32; oneDNN's VNNI kernels on the CPU, cuBLASLt on CUDA). On a CPU
-  without an int8 dot-product instruction (VNNI or AMX: e.g. AVX2-only AMD EPYCs), `_int_mm` falls back to a plain
-  loop (4 GFLOP/s measured, 25x slower than float32); there the layer runs this package's AVX2 kernel
-  (cpu_int8_kernel.py: weights and activations in 7 bits) with the other C kernels, else oneDNN's uint8 x int8
-  product with activations in 7 bits (int8_matmul_avx2).
+- int8: `torch._int_mm` (int8 x int8 -> int32; oneDNN's VNNI kernels on the CPU, cuBLASLt on CUDA). On the CPU
+  with the other C kernels (layer_backend auto / cpu, float32), this package's cpu_int8_kernel instead, which
+  quantizes, multiplies and rescales in one pass (8-bit with AVX-512 VNNI; with AVX2 alone, 7-bit weights and
+  activations). On a CPU without an int8 dot-product instruction (VNNI or AMX: e.g. AVX2-only AMD EPYCs), `_int_mm`
+  falls back to a plain loop (4 GFLOP/s measured, 25x slower than float32): with layer_backend torch the layer
+  uses oneDNN's uint8 x int8 product there, with activations kept to 7 bits (int8_matmul_avx2).
 - fp8: `torch._scaled_mm` on CUDA devices with FP8 tensor cores (compute capability 8.9 and up). Elsewhere it is
   emulated: the 8-bit values are widened to float32 and multiplied there, which gives the numbers FP8 gives (up to
   the order of the sums), not its speed; that is how its quality is measured on the CPU.
@@ -47,6 +48,16 @@ def cpu_has_int8_dot_product() -> bool:
     fast CPU path needs. Assumed where /proc/cpuinfo does not say."""
     flags = cpu_flags()
     return flags is None or bool({"avx512_vnni", "avx_vnni", "amx_int8"} & flags)
+
+
+def int8_cpu_kernel(layer_kernels: str | None) -> str | None:
+    """What runs int8 products on this CPU, given what runs the rest of the layers (model_runner.choose_layer_kernels):
+    "cpu" (cpu_int8_kernel, with the C kernels, where its build has VNNI or the CPU has no int8 dot product at all),
+    "onednn" (int8_matmul_avx2: no VNNI, the torch layers) or None (torch._int_mm)."""
+    vnni = cpu_has_int8_dot_product()
+    if layer_kernels == "cpu" and (not vnni or cpu_int8_kernel.load().value_max == INT8_MAX):
+        return "cpu"
+    return None if vnni else "onednn"
 
 
 def resolve_method(wanted: str, checkpoint_method: str, device: torch.device) -> str:
@@ -117,7 +128,7 @@ class QuantizedLinear(nn.Module):
     the names compressed-tensors checkpoints use."""
 
     packed_weight: torch.Tensor | None = None
-    kernel: str | None = None  # int8 on a CPU without VNNI: "cpu" or "onednn" once packed (pack_for_cpu)
+    kernel: str | None = None  # int8 on the CPU: "cpu" or "onednn" once packed (pack_for_cpu)
 
     def __init__(self, in_features: int, out_features: int, bias: bool, method: str, dtype: torch.dtype | None = None):
         super().__init__()
@@ -129,20 +140,21 @@ class QuantizedLinear(nn.Module):
         self.register_buffer("weight_scale", torch.empty(out_features, dtype=torch.float32))
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype), requires_grad=False) if bias else None
 
-    def pack_for_cpu(self, kernel: str) -> None:
-        """On a CPU without an int8 dot product, hand an int8 weight to the kernel that will run it, in its layout,
-        in place of the plain one: "cpu" (cpu_int8_kernel, float32 activations only; the weight requantized to 7
-        bits) or "onednn" (int8_matmul_avx2). Elsewhere (VNNI, and fp8) nothing changes."""
-        if self.method != "int8" or cpu_has_int8_dot_product():
+    def pack_for_cpu(self, layer_kernels: str) -> None:
+        """Hand an int8 weight to the CPU kernel that will run it (int8_cpu_kernel), in its layout, in place of the
+        plain one: cpu_int8_kernel (float32 activations; the weight requantized to the build's range) or oneDNN's.
+        With torch._int_mm, and for fp8, nothing changes."""
+        if self.method != "int8":
             return
-        if kernel == "cpu":
-            values, self.weight_scale = requantize(self.weight, self.weight_scale, cpu_int8_kernel.WEIGHT_MAX)
+        self.kernel = int8_cpu_kernel(layer_kernels)
+        if self.kernel == "cpu":
+            values, self.weight_scale = requantize(self.weight, self.weight_scale, cpu_int8_kernel.load().value_max)
             self.packed_weight, self.compensation = cpu_int8_kernel.pack_weight(values)
-        else:
+        elif self.kernel == "onednn":
             self.packed_weight = pack_int8_for_avx2(self.weight)
             self.zero_points = torch.zeros(self.out_features, dtype=torch.long)
-        self.kernel = kernel
-        self.weight = None  # the packed copy replaces it
+        if self.packed_weight is not None:
+            self.weight = None  # the packed copy replaces it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [tokens, in_features] -> [tokens, out_features] in x's dtype."""
@@ -167,9 +179,11 @@ def quantize_weight(weight: torch.Tensor, method: str) -> tuple[torch.Tensor, to
 
 
 def requantize(values: torch.Tensor, scales: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """int8 weights [out, in] (+-127, scales [out]) onto the narrower range +-top: (values, scales). Rounding twice
-    costs a little: on the trained demo model's weights, 7 bits this way err 1.14x as much (RMS) as 7 bits from the
-    float weights, and 2.3x as much as 8 bits."""
+    """int8 weights [out, in] (+-127, scales [out]) onto the range +-top: (values, scales); the same at 127.
+    Rounding twice costs a little: on the trained demo model's weights, 7 bits this way err 1.14x as much (RMS) as 7
+    bits from the float weights, and 2.3x as much as 8 bits."""
+    if top == INT8_MAX:
+        return values, scales
     ratio = top / INT8_MAX
     return (values.float() * ratio).round_().to(torch.int8), scales / ratio
 
