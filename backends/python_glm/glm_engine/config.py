@@ -124,10 +124,11 @@ class EngineConfig:
     # CPU in float32 when a C compiler builds it; else torch), "torch", "triton" (the kernel on any device: on the
     # CPU only under TRITON_INTERPRET=1, for tests) or "cpu" (the C kernel, or an error saying why it cannot run).
     attention_backend: str = "auto"
-    # The decoder layers' float work on the CPU: "auto" (the C kernels, when a C compiler builds them, in float32:
-    # linear products, cpu_linear_kernel.c; RMSNorm with the residual addition and SiLU * up,
-    # cpu_elementwise_kernel.c; else torch), "torch" (oneDNN's products, torch's operators), or "cpu" (the C kernels,
-    # or an error saying why they cannot run). Ignored on CUDA; int8 / fp8 products keep their own path.
+    # The decoder layers' work on the CPU: "auto" (the C kernels, when a C compiler builds them, in float32: linear
+    # products, cpu_linear_kernel.c; RMSNorm with the residual addition and SiLU * up, cpu_elementwise_kernel.c;
+    # int8 products, cpu_int8_kernel.c; else torch), "torch" (oneDNN's products, torch's operators, int8 through
+    # torch._int_mm), or "cpu" (the C kernels, or an error saying why they cannot run). Ignored on CUDA; fp8 products
+    # keep their own path.
     layer_backend: str = "auto"
     # Decode-only steps of up to this many sequences (at most max_num_seqs) replay CUDA graphs, recorded at start-up;
     # 0 turns them off. Only on CUDA with the decode kernel; ignored on the CPU.
