@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"| {name} [{in_features} x {out_features}] | {rows} | {row['float32_gflops']:.0f} | "
                       f"{row['float32_c_gflops']:.0f} | {row['int8_gflops']:.0f} | "
                       f"{row['int8_torch_backend_gflops']:.0f} | {row['int8_vs_float32_c']:.2f}x | "
-                      f"{row['int_mm_alone_gflops']:.0f} | {row['onednn_u8s8_alone_gflops']:.0f} | {row['fbgemm_dynamic_gflops']:.0f} |", flush=True)
+                      f"{row['int_mm_alone_gflops']:.0f} | {row['onednn_u8s8_alone_gflops']:.0f} | "
+                      f"{row['fbgemm_dynamic_gflops']:.0f} |", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"torch": torch.__version__, "threads": torch.get_num_threads(), "int8_dot_product": vnni,

@@ -1,7 +1,8 @@
 """The C kernels for the CPU: paged-attention decode (glm_engine/cpu_decode_kernel.c) against the torch path on random
 block layouts, the float32 linear layer (cpu_linear_kernel.c) against a float64 product, the int8 layer
-(cpu_int8_kernel.c, its VNNI and AVX2 builds) against the exact integer product of what it quantized; alone and batched, on one thread and
-more; how they are built (c_kernels.py), how the engine chooses them and what it says when it cannot."""
+(cpu_int8_kernel.c, its VNNI and AVX2 builds) against the exact integer product of what it quantized; alone and
+batched, on one thread and more; how they are built (c_kernels.py), how the engine chooses them and what it says
+when it cannot."""
 
 from __future__ import annotations
 

@@ -63,8 +63,9 @@ void pack_linear_weight_i8(int8_t *packed, int32_t *compensation, const int8_t *
     for (int64_t o = 0; o < out_features; o++) {
         int32_t sum = 0;
         for (int64_t j = 0; j < in_features; j++) {
-            packed[((o / PANEL * (padded_in / 4) + j / 4) * PANEL + o % PANEL) * 4 + j % 4] = weight[o * in_features + j];
-            sum += weight[o * in_features + j];
+            const int8_t w = weight[o * in_features + j];
+            packed[((o / PANEL * (padded_in / 4) + j / 4) * PANEL + o % PANEL) * 4 + j % 4] = w;
+            sum += w;
         }
         compensation[o] = SHIFT * sum;
     }

@@ -6,10 +6,10 @@
  * then reads each panel front to back, a stream the hardware prefetcher follows, which keeps the small products of
  * decode steps from waiting on memory the way oneDNN's do here.
  *
- * The micro-kernel: up to ROWS rows of x against one panel, one accumulator vector per row and VECS vectors of the
- * panel, one broadcast of x per row and VECS loads of the panel per ROWS x VECS multiply-adds (GCC's vector
- * extension). The tile fills the vector registers -ffast-math and -march=native leave it: with AVX-512 (32
- * registers of 16 floats) 8 rows x 32 outputs, else (AVX2 and the rest: 16 registers of 8) 6 rows x 16 outputs.
+ * The micro-kernel: up to ROWS rows of x against one panel, VECS accumulator vectors a row (one per vector of the
+ * panel), one broadcast of x a row and VECS loads of the panel per ROWS x VECS multiply-adds (GCC's vector
+ * extension). The tile is as large as the vector registers that -march=native allows: with AVX-512 (32 registers
+ * of 16 floats) 8 rows x 32 outputs, else (AVX2 and the rest: 16 registers of 8) 6 rows x 16 outputs.
  * Rows go in blocks of ROW_BLOCK so that a block of x stays in the cache while every panel passes; threads share the
  * panels of a block. Each output is one sum over the input channels in order, whatever the row count or the tile:
  * a token's result does not depend on the rest of the batch.

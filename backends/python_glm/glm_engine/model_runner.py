@@ -98,8 +98,8 @@ def _c_kernel_or(load, fallback: str, backend: str, parameter: str, consequence:
 def choose_layer_kernels(backend: str, device: torch.device, dtype: torch.dtype,
                          quantization: str = "none") -> str | None:
     """What runs the decoder layers' work on the CPU (GlmForCausalLM.load_weights): "cpu" (the C kernels: float
-    products, norms, SiLU * up, and int8 products: quantization.int8_cpu_kernel) or "torch"; None on CUDA. auto: the C
-    kernels in float32 where all those the model needs build. "cpu" where they cannot run is an error."""
+    products, norms, SiLU * up, and int8 products: quantization.int8_cpu_kernel) or "torch"; None on CUDA. auto:
+    the C kernels in float32 where all those the model needs build. "cpu" where they cannot run is an error."""
     if device.type != "cpu":
         if backend == "cpu":
             raise ValueError(f"layer_backend cpu: the C kernels run on the CPU, not on {device}")
@@ -119,6 +119,16 @@ def choose_layer_kernels(backend: str, device: torch.device, dtype: torch.dtype,
             cpu_int8_kernel.load()
 
     return _c_kernel_or(load_all, "torch", backend, "layer_backend", "the layers use oneDNN and torch")
+
+
+def describe_int8_path(layer_kernels: str) -> str:
+    """For the log at load: what runs int8 products on this CPU (quantization.int8_cpu_kernel)."""
+    kernel = int8_cpu_kernel(layer_kernels)
+    if kernel == "cpu":
+        return f"the C kernel, weights and activations within +-{cpu_int8_kernel.load().value_max}"
+    if kernel == "onednn":
+        return "oneDNN's uint8 x int8 product, 7-bit activations: about float32's speed without VNNI"
+    return "torch._int_mm"
 
 
 def decode_graphs_wanted(config: EngineConfig, device: torch.device, decode_kernel: str, shard: Shard) -> bool:
@@ -183,10 +193,7 @@ class ModelRunner:
         if threads := cpu_threads(config, shard):
             torch.set_num_threads(threads)
         if self.quantization == "int8" and self.device.type == "cpu":
-            log.info("int8 products on this CPU: %s (docs/quantization.md)", {
-                "cpu": f"the C kernel, weights and activations within +-{cpu_int8_kernel.load().value_max}",
-                "onednn": "oneDNN's uint8 x int8 product, 7-bit activations: about float32's speed without VNNI",
-                None: "torch._int_mm"}[int8_cpu_kernel(self.layer_kernels)])
+            log.info("int8 products on this CPU: %s (docs/quantization.md)", describe_int8_path(self.layer_kernels))
         if stored == "fp8" and config.quantization == "auto" and self.quantization == "none":
             log.warning("the FP8 checkpoint %s is served in %s: %s has no FP8 matmuls (quantization int8 keeps the "
                         "weights in 8 bits)", config.model_dir, self.dtype, self.device)

@@ -51,9 +51,10 @@ def cpu_has_int8_dot_product() -> bool:
 
 
 def int8_cpu_kernel(layer_kernels: str | None) -> str | None:
-    """What runs int8 products on this CPU, given what runs the rest of the layers (model_runner.choose_layer_kernels):
-    "cpu" (cpu_int8_kernel, with the C kernels, where its build has VNNI or the CPU has no int8 dot product at all),
-    "onednn" (int8_matmul_avx2: no VNNI, the torch layers) or None (torch._int_mm)."""
+    """What runs int8 products on this CPU, given what runs the rest of the layers
+    (model_runner.choose_layer_kernels): "cpu" (cpu_int8_kernel, with the C kernels, where its build has VNNI or the
+    CPU has no int8 dot product at all), "onednn" (int8_matmul_avx2: no VNNI, the torch layers) or None
+    (torch._int_mm)."""
     vnni = cpu_has_int8_dot_product()
     if layer_kernels == "cpu" and (not vnni or cpu_int8_kernel.load().value_max == INT8_MAX):
         return "cpu"
