@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from glm_engine import EngineConfig, LLMEngine
 from glm_engine import c_kernels, cpu_decode_kernel, cpu_elementwise_kernel, cpu_int8_kernel, cpu_linear_kernel
-from glm_engine.attention import AttentionMetadata, paged_attention
+from glm_engine.attention import AttentionMetadata, paged_attention, write_kv
 from glm_engine.c_kernels import KernelUnavailable
 from glm_engine.cpu_info import cpu_flags
 from glm_engine.cpu_decode_kernel import paged_decode_attention
-from glm_engine.glm_model import MLP, RMSNorm, Linear
+from glm_engine.glm_model import MLP, Linear, RMSNorm, RotaryEmbedding
 from glm_engine.model_runner import choose_decode_kernel, choose_layer_kernels
 from glm_engine.quantization import int8_cpu_kernel, quantize_weight, requantize
 from glm_tools.gpu_check import random_decode_batch
@@ -238,6 +239,30 @@ def test_the_norm_and_activation_kernels_match_torch(rows):
     gate, up = gate_up.chunk(2, dim=-1)
     torch.testing.assert_close(cpu_elementwise_kernel.silu_and_mul(gate_up), up * torch.nn.functional.silu(gate),
                                atol=2e-6, rtol=2e-6)
+
+
+@pytest.mark.parametrize("tokens, heads, kv_heads, head_dim, rotary_dim", [
+    (1, 8, 2, 64, 32),  # the bench model's shape (GLM-4: half of each head rotated)
+    (300, 4, 1, 16, 16),  # every channel rotated, enough rows for the threads
+    (7, 3, 3, 10, 4),  # no grouping, odd sizes
+])
+def test_the_rotary_and_kv_store_kernel_matches_torch(tokens, heads, kv_heads, head_dim, rotary_dim):
+    """Queries and keys rotated as RotaryEmbedding.rotate does, keys and values stored as write_kv does; no other slot
+    of the cache touched."""
+    generator = torch.Generator().manual_seed(tokens)
+    qkv = torch.randn(tokens, heads + 2 * kv_heads, head_dim, generator=generator)
+    positions = torch.randint(0, 4096, (tokens,), generator=generator)
+    slots = torch.randperm(80 * 4, generator=generator)[:tokens]
+    k_cache, v_cache = (torch.randn(80, 4, kv_heads, head_dim, generator=generator) for _ in range(2))
+    caches = [k_cache, v_cache, k_cache.clone(), v_cache.clone()]  # for torch, then for the kernel
+    rotary = RotaryEmbedding(SimpleNamespace(rotary_dim=rotary_dim, rope_theta=10000.0))
+    angles = rotary.angles(positions, torch.float32)
+    q, k = rotary.rotate(qkv[:, :heads + kv_heads], angles).split([heads, kv_heads], dim=1)
+    write_kv(caches[0], caches[1], k, qkv[:, heads + kv_heads:], slots)
+    cpu_elementwise_kernel.rotary_and_store_kv(qkv, heads, rotary_dim, angles, slots, caches[2], caches[3])
+    torch.testing.assert_close(qkv[:, :heads], q, atol=2e-6, rtol=2e-6)
+    torch.testing.assert_close(caches[2], caches[0], atol=2e-6, rtol=2e-6)
+    assert torch.equal(caches[3], caches[1])  # values are copied as they are
 
 
 def test_auto_picks_the_layer_kernels_on_the_cpu_in_float32_only():

@@ -1,5 +1,6 @@
 /* The element-wise work of a decoder layer on the CPU, one pass each: RMSNorm (with the residual addition before
- * it) and SiLU(gate) * up. In torch each is five or more operators, each its own pass over memory and its own
+ * it), SiLU(gate) * up, and the rotary embedding of queries and keys with the store of keys and values into the KV
+ * cache. In torch each is five or more operators, each its own pass over memory and its own
  * dispatch: microseconds apiece, which add up at decode sizes (docs/performance.md).
  *
  * Built and loaded by cpu_elementwise_kernel.py (compiled for the CPU it runs on: c_kernels.py). Float32; rows are
@@ -9,6 +10,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 /* Below this many elements, one thread: a decode step's rows take microseconds, a parallel region about as long. */
 #define PARALLEL_ELEMENTS 65536
@@ -49,5 +51,32 @@ void silu_and_mul_f32(float *restrict out, const float *gate_up, int64_t rows, i
         float *o = out + r * cols;
         for (int64_t c = 0; c < cols; c++)
             o[c] = gate[c] / (1.0f + expf(-gate[c])) * up[c];
+    }
+}
+
+/* The rotary embedding of a layer's new queries and keys, then its new keys and values stored in the KV cache. qkv:
+ * [tokens, heads + 2 * kv_heads, head_dim], contiguous (the fused projection's output, rotated in place): the first
+ * rotary_dim channels of each query and key head turn on interleaved pairs (GPT-J style, as
+ * glm_model.RotaryEmbedding.rotate) by the angles cos, sin [tokens, rotary_dim / 2]; then token t's keys and values
+ * go to slot slots[t] of k_cache and v_cache ([slots, kv_heads, head_dim]). */
+void rotary_store_kv_f32(float *qkv, int64_t tokens, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                         int64_t rotary_dim, const float *cos, const float *sin, const int64_t *slots,
+                         float *restrict k_cache, float *restrict v_cache, int num_threads)
+{
+    const int64_t width = (heads + 2 * kv_heads) * head_dim, pairs = rotary_dim / 2, kv_width = kv_heads * head_dim;
+#pragma omp parallel for num_threads(num_threads) if (tokens * width >= PARALLEL_ELEMENTS)
+    for (int64_t t = 0; t < tokens; t++) {
+        float *row = qkv + t * width;
+        const float *c = cos + t * pairs, *s = sin + t * pairs;
+        for (int64_t h = 0; h < heads + kv_heads; h++) {
+            float *x = row + h * head_dim;
+            for (int64_t i = 0; i < pairs; i++) {
+                const float even = x[2 * i], odd = x[2 * i + 1];
+                x[2 * i] = even * c[i] - odd * s[i];
+                x[2 * i + 1] = odd * c[i] + even * s[i];
+            }
+        }
+        memcpy(k_cache + slots[t] * kv_width, row + heads * head_dim, sizeof(float) * kv_width);
+        memcpy(v_cache + slots[t] * kv_width, row + heads * head_dim + kv_width, sizeof(float) * kv_width);
     }
 }

@@ -137,6 +137,8 @@ class RotaryEmbedding:
 
 
 class Attention(nn.Module):
+    c_kernel = False  # set at load where the layers run the CPU's C kernels: rotary and the KV store in one pass
+
     def __init__(self, config: ModelConfig, quantization: str, shard: Shard):
         super().__init__()
         self.num_heads, self.num_kv_heads = shard.num_heads(config), shard.num_kv_heads(config)
@@ -158,10 +160,14 @@ class Attention(nn.Module):
     def forward(self, x, rotary: RotaryEmbedding, angles, kv_cache, meta: AttentionMetadata):
         tokens, heads, kv_heads = x.shape[0], self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(x).view(tokens, heads + 2 * kv_heads, self.head_dim)
-        q, k = rotary.rotate(qkv[:, :heads + kv_heads], angles).split([heads, kv_heads], dim=1)
-        v = qkv[:, heads + kv_heads:]
         k_cache, v_cache = kv_cache
-        write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        if self.c_kernel:  # qkv is this call's own: rotated in place
+            cpu_elementwise_kernel.rotary_and_store_kv(qkv, heads, rotary.rotary_dim, angles, meta.slot_mapping,
+                                                       k_cache, v_cache)
+            q = qkv[:, :heads]
+        else:
+            q, k = rotary.rotate(qkv[:, :heads + kv_heads], angles).split([heads, kv_heads], dim=1)
+            write_kv(k_cache, v_cache, k, qkv[:, heads + kv_heads:], meta.slot_mapping)
         out = paged_attention(q, k_cache, v_cache, meta, self.scale)
         return self.shard.all_reduce(self.o_proj(out.reshape(tokens, heads * self.head_dim)))
 
@@ -269,9 +275,10 @@ class GlmForCausalLM(nn.Module):
 
     def load_weights(self, state: dict[str, torch.Tensor], cpu_kernels: str | None = None) -> None:
         """Load a checkpoint's tensors; on the CPU, `cpu_kernels` says what runs the layers: "cpu" (this package's C
-        kernels: float Linear weights packed for cpu_linear_kernel, norms and SiLU * up in cpu_elementwise_kernel) or
-        "torch" (float Linear weights packed for oneDNN where it packs the dtype, else nn.Linear's path; torch
-        operators). int8 weights are packed for the kernel that runs them with those (QuantizedLinear.pack_for_cpu)."""
+        kernels: float Linear weights packed for cpu_linear_kernel; norms, SiLU * up, rotary and the KV store in
+        cpu_elementwise_kernel) or "torch" (float Linear weights packed for oneDNN where it packs the dtype, else
+        nn.Linear's path; torch operators). int8 weights are packed for the kernel that runs them with those
+        (QuantizedLinear.pack_for_cpu)."""
         tied = self.config.tie_word_embeddings and "lm_head.weight" not in state
         if tied:
             state = {**state, "lm_head.weight": state["model.embed_tokens.weight"]}
@@ -294,5 +301,5 @@ class GlmForCausalLM(nn.Module):
                     module.pack_for_cpu(cpu_kernels)
                 elif isinstance(module, Linear) and floats and not tied_head:
                     module.pack_for_cpu("cpu" if c_kernels else "onednn")
-                elif isinstance(module, (RMSNorm, MLP)):
+                elif isinstance(module, (RMSNorm, MLP, Attention)):
                     module.c_kernel = c_kernels
