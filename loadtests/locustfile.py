@@ -12,6 +12,7 @@ streaming /v1/chat/completions, at --openai-url).
 
 from __future__ import annotations
 
+import csv
 import itertools
 import json
 import time
@@ -19,13 +20,14 @@ import time
 import grpc.experimental.gevent
 import requests
 from locust import HttpUser, User, between, events, task
+from locust.stats import PERCENTILES_TO_REPORT, StatsCSV
 
 # Locust runs users as gevent greenlets; gRPC must cooperate with them (before any channel is made).
 grpc.experimental.gevent.init_gevent()
 
 from clients.client import event_piece  # noqa: E402
 from clients.errors import OverloadedError  # noqa: E402
-from loadtests.prompts import OVERLOADED, REQUEST_NAMES, RequestMix, parse_range  # noqa: E402
+from loadtests.prompts import FINAL_STATS, OVERLOADED, REQUEST_NAMES, RequestMix, parse_range  # noqa: E402
 
 MODEL = "ensemble"
 _user_numbers = itertools.count()
@@ -58,6 +60,22 @@ def _stop_after_max_requests(environment, **kwargs):
                    if entry_name in REQUEST_NAMES)
         if name in REQUEST_NAMES and done >= limit:
             environment.runner.quit()
+
+
+@events.init.add_listener
+def _write_final_stats_at_exit(environment, **kwargs):
+    """With --csv: the run's totals in <csv prefix> + FINAL_STATS, once Locust has stopped every user (before its
+    HTML report). Its own _stats.csv is rewritten only once a second, so a run shorter than that left it empty (a
+    fast server answers --max-requests 24 in under a second) and any run lost its last second; run.py reads this
+    file instead."""
+    prefix = environment.parsed_options.csv_prefix if environment.parsed_options else None
+    if not prefix:
+        return
+
+    @environment.events.test_stop.add_listener
+    def write(**kwargs):
+        with open(prefix + FINAL_STATS, "w", newline="") as f:
+            StatsCSV(environment, PERCENTILES_TO_REPORT).requests_csv(csv.writer(f))
 
 
 def is_overloaded(error) -> bool:

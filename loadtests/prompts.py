@@ -19,6 +19,9 @@ REQUEST_NAMES = ("generate", "generate_stream", "grpc_stream", "chat_stream")
 # A request the server refused as overloaded is its own entry, "<name> overloaded": not a failure, and not in the
 # latency figures of the requests it served.
 OVERLOADED = " overloaded"
+# The totals of a run, written by the locustfile once Locust has stopped (<csv prefix> + this), in the columns of
+# Locust's own <csv prefix>_stats.csv, which Locust rewrites once a second while it runs but not at its end.
+FINAL_STATS = "_final_stats.csv"
 SYSTEM_PROMPT = ("You are a careful assistant. Answer in plain words, keep to the facts you are given, and say so "
                  "when you do not know. ") * 8
 

@@ -21,7 +21,7 @@ import sys
 import time
 from urllib.parse import urlparse
 
-from loadtests.prompts import OVERLOADED, REQUEST_NAMES
+from loadtests.prompts import FINAL_STATS, OVERLOADED, REQUEST_NAMES
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -57,13 +57,13 @@ def locust_run(args: argparse.Namespace, users: int, prefix: str) -> float:
     try:
         completed = subprocess.run(command, cwd=HERE, text=True, capture_output=True, timeout=limit)
     except subprocess.TimeoutExpired:
-        if not os.path.exists(prefix + ".html"):  # the HTML report is written last
+        if not os.path.exists(prefix + ".html"):  # the HTML report is written last (after FINAL_STATS)
             raise SystemExit(f"locust did not finish within {limit:.0f} s") from None
         print(f"[loadtest] locust did not exit {EXIT_GRACE_S} s after its run; stopped it (its reports are whole)",
               file=sys.stderr, flush=True)
         return time.monotonic() - started
     # Locust exits 1 when a request failed; the summary reports failures, so that is not an error here.
-    if completed.returncode not in (0, 1) or not os.path.exists(prefix + "_stats.csv"):
+    if completed.returncode not in (0, 1) or not os.path.exists(prefix + FINAL_STATS):
         sys.stderr.write(completed.stdout[-3000:] + completed.stderr[-3000:])
         raise SystemExit(f"locust failed (exit {completed.returncode})")
     return time.monotonic() - started
@@ -80,8 +80,9 @@ def duration_s(text: str) -> float:
 
 
 def summarize(prefix: str, users: int, label: str, wall_s: float) -> dict:
-    """The summary of one run, from Locust's <prefix>_stats.csv (times in milliseconds)."""
-    with open(prefix + "_stats.csv", newline="") as f:
+    """The summary of one run, from its totals in <prefix> + FINAL_STATS (Locust's CSV columns; times in
+    milliseconds)."""
+    with open(prefix + FINAL_STATS, newline="") as f:
         rows = {row["Name"]: row for row in csv.DictReader(f)}
 
     def percentiles(names: list[str]) -> dict[str, float] | None:
@@ -187,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     runs = []
     for users in (int(u) for u in args.users.split(",")):
-        prefix = os.path.join(args.out, f"{args.label}-u{users}")
+        prefix = os.path.abspath(os.path.join(args.out, f"{args.label}-u{users}"))  # Locust runs in HERE
         runs.append(summarize(prefix, users, args.label, locust_run(args, users, prefix)))
 
     summary_path = os.path.join(args.out, "summary.json")

@@ -14,7 +14,7 @@ from support.server import OPENAI_API_KEY, running_openai_front, running_server
 
 from glm_tools.demo_model import TRAINED_CHECKPOINT
 
-from loadtests.prompts import SYSTEM_PROMPT, RequestMix, parse_range
+from loadtests.prompts import FINAL_STATS, SYSTEM_PROMPT, RequestMix, parse_range
 from loadtests.run import duration_s
 
 pytestmark = pytest.mark.integration
@@ -71,7 +71,7 @@ def test_a_short_headless_run_of_every_user_class(trained_server, tmp_path):
     for name in ("generate", "generate_stream", "generate_stream TTFT", "generate_stream ITL", "grpc_stream",
                  "grpc_stream TTFT", "grpc_stream ITL", "chat_stream", "chat_stream TTFT", "chat_stream ITL"):
         assert run["entries"][name]["requests"] > 0 and run["entries"][name]["failures"] == 0, name
-    for suffix in ("_stats.csv", ".html"):
+    for suffix in ("_stats.csv", FINAL_STATS, ".html"):
         assert (out / f"smoke-u4{suffix}").stat().st_size > 0
     assert (out / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -13,8 +13,9 @@ from safetensors.torch import load_file, save_file
 from support.checkpoints import make_tiny_checkpoint
 from support.reference import make_engine, prompts, record_logits, run_all
 
-from glm_engine import CheckpointError, EngineConfig, LLMEngine, cpu_int8_kernel
+from glm_engine import CheckpointError, EngineConfig, LLMEngine, SamplingParams, cpu_int8_kernel
 from glm_engine.c_kernels import KernelUnavailable
+from glm_engine.model_runner import describe_int8_path
 from glm_engine.quantization import (FP8_DTYPE, FP8_MAX, INT7_MAX, INT8_MAX, QuantizedLinear, dequantize_fp8,
                                      fp8_matmul, int8_matmul, int8_matmul_avx2, pack_int8_for_avx2, quantize_rows,
                                      int8_cpu_kernel, quantize_weight, requantize, resolve_method)
@@ -244,6 +245,24 @@ def test_engine_quantized_against_float32(gentler_tiny_model, method, vnni, laye
     assert worst < bound, worst
     assert compared >= 30 and decisive >= 5 and agreed
     assert engine.pool.num_free_blocks == engine.pool.num_blocks
+
+
+def test_int8_through_the_real_server_answers_as_the_engine_does(demo_model_dir, tmp_path):
+    """quantization int8 in glm's config.pbtxt: the server's greedy tokens are the offline engine's with int8 (the same
+    kernels in the Triton stub's process), and its log names the int8 path this CPU takes."""
+    from glm_engine.tokenizer import GlmTokenizer
+    from support.server import glm_answer, running_server
+
+    prompts = ["def main():", "天气 and weather", "import os\n\nclass "]
+    engine = make_engine(demo_model_dir, quantization="int8")
+    tokenizer = GlmTokenizer(demo_model_dir)
+    expected = engine.generate([tokenizer.encode(p) for p in prompts], SamplingParams(max_tokens=24))
+    with running_server(demo_model_dir, str(tmp_path), {"quantization": "int8"}) as server:
+        for prompt, output in zip(prompts, expected):
+            answer = glm_answer(server, demo_model_dir, prompt, 24).as_numpy("output_ids").reshape(-1).tolist()
+            assert answer == output, prompt
+    with open(tmp_path / "tritonserver.log") as f:
+        assert f"int8 products on this CPU: {describe_int8_path(engine.runner.layer_kernels)}" in f.read()
 
 
 def write_fp8_checkpoint(source: str, target: str, fmt: str, block: tuple[int, int] = (16, 16)) -> dict:

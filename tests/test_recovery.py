@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import threading
 import time
@@ -152,16 +153,32 @@ def test_a_killed_model_process_is_seen_at_once_and_healed_by_the_launcher(demo_
         assert f"glm_0_0 of glm version 1 (pid {glm_stub}) died while it was loaded: restarting" in log_path.read_text()
 
 
+LONG_STREAM_TOKENS = 30_000
+
+
+def with_long_context(model_dir: str, directory: str) -> str:
+    """A copy of the demo checkpoint with room for 32,768 positions (a random model: rotary takes any position), for
+    streams that are still running whenever a test stops the server. Its 4,096 were too few: the C kernels wrote
+    ~4,000 tokens a stream before the drain below began."""
+    shutil.copytree(model_dir, directory)
+    with open(os.path.join(directory, "config.json")) as f:
+        config = json.load(f)
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump({**config, "max_position_embeddings": 32_768}, f)
+    return directory
+
+
 @pytest.mark.integration
 def test_shutdown_drains_streams_runs_finalize_and_leaves_no_shared_memory(demo_model_dir, tmp_path):
-    with running_server(demo_model_dir, str(tmp_path)) as server:
+    model_dir = with_long_context(demo_model_dir, str(tmp_path / "long-context"))
+    with running_server(model_dir, str(tmp_path)) as server:
         server.drain_grace_s = 5.0
 
         def running() -> float:
             return metric(metrics(server), "glm_num_requests_running")
 
         with ThreadPoolExecutor(5) as pool:
-            long_streams = [pool.submit(stream, server.http_url) for _ in range(3)]
+            long_streams = [pool.submit(stream, server.http_url, max_tokens=LONG_STREAM_TOKENS) for _ in range(3)]
             assert wait_for(lambda: running() == 3, timeout=30)
             short_stream = pool.submit(stream, server.http_url, max_tokens=40)
             assert wait_for(lambda: running() == 4 or short_stream.done(), timeout=30)

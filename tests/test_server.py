@@ -15,7 +15,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from clients.request import SAMPLING_INPUTS
-from support.server import metric, metrics, wait_for
+from support.server import glm_answer, glm_inputs, metric, metrics, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -164,33 +164,6 @@ def test_streamed_chinese_equals_the_whole_answer(triton_server):
         answers.append(whole)
     # The check means something only if the answers hold multi-byte characters.
     assert any("\u4e00" <= char <= "\u9fff" for answer in answers for char in answer)
-
-
-def glm_inputs(demo_model_dir, prompt: str, max_tokens: int, streaming: bool):
-    """Inputs of the glm model itself: token ids, as preprocessing would make them."""
-    from glm_engine.tokenizer import GlmTokenizer
-
-    ids = np.array([GlmTokenizer(demo_model_dir).encode(prompt)], dtype=np.int32)
-    tensors = {"input_ids": (ids, "INT32"), "input_lengths": (np.array([[ids.shape[1]]], np.int32), "INT32"),
-               "request_output_len": (np.array([[max_tokens]], np.int32), "INT32"),
-               "streaming": (np.array([[streaming]]), "BOOL"), "exclude_input_in_output": (np.array([[True]]), "BOOL")}
-    inputs = []
-    for name, (array, datatype) in tensors.items():
-        inputs.append(grpcclient.InferInput(name, list(array.shape), datatype))
-        inputs[-1].set_data_from_numpy(array)
-    return inputs
-
-
-def glm_answer(server, demo_model_dir, prompt: str, max_tokens: int):
-    """The glm model's own single response for `prompt` (its InferResult)."""
-    results: queue.Queue = queue.Queue()
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    client.start_stream(callback=lambda result, error: results.put((result, error)))
-    client.async_stream_infer("glm", glm_inputs(demo_model_dir, prompt, max_tokens, streaming=False))
-    result, error = results.get(timeout=60)
-    client.stop_stream()
-    assert error is None
-    return result
 
 
 def first_generated_token(server, demo_model_dir, prompt: str) -> int:

@@ -13,7 +13,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from glm_engine import EngineConfig, LLMEngine, SamplingParams
-from glm_tools.demo_model import CHECKPOINT_FILES, TRAINED_CHECKPOINT, copy_trained_demo_model, corpus_files
+from glm_tools.demo_model import CHECKPOINT_FILES, TRAINED_CHECKPOINT, copy_trained_demo_model
 from glm_tools.quality import held_out_stream, perplexity, windows
 from support import REPO
 

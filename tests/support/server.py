@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import re
 import signal
 import socket
@@ -12,7 +13,9 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import requests
+import tritonclient.grpc as grpcclient
 
 from . import REPO
 from glm_tools.launcher import (MODEL_REPOSITORY, TritonServer, free_port, live_processes, model_repository_with,
@@ -80,6 +83,33 @@ def metric(samples: dict[str, float], name: str, **labels) -> float:
                if key.split("{")[0] == name and label_text in key and 'model="glm"' in key]
     assert len(matches) == 1, (name, labels, matches)
     return matches[0]
+
+
+def glm_inputs(demo_model_dir, prompt: str, max_tokens: int, streaming: bool):
+    """Inputs of the glm model itself: token ids, as preprocessing would make them."""
+    from glm_engine.tokenizer import GlmTokenizer
+
+    ids = np.array([GlmTokenizer(demo_model_dir).encode(prompt)], dtype=np.int32)
+    tensors = {"input_ids": (ids, "INT32"), "input_lengths": (np.array([[ids.shape[1]]], np.int32), "INT32"),
+               "request_output_len": (np.array([[max_tokens]], np.int32), "INT32"),
+               "streaming": (np.array([[streaming]]), "BOOL"), "exclude_input_in_output": (np.array([[True]]), "BOOL")}
+    inputs = []
+    for name, (array, datatype) in tensors.items():
+        inputs.append(grpcclient.InferInput(name, list(array.shape), datatype))
+        inputs[-1].set_data_from_numpy(array)
+    return inputs
+
+
+def glm_answer(server, demo_model_dir, prompt: str, max_tokens: int):
+    """The glm model's own single response for `prompt` (its InferResult)."""
+    results: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    client.async_stream_infer("glm", glm_inputs(demo_model_dir, prompt, max_tokens, streaming=False))
+    result, error = results.get(timeout=60)
+    client.stop_stream()
+    assert error is None
+    return result
 
 
 def wait_for(condition, timeout=15.0, interval=0.2):
