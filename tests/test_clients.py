@@ -23,6 +23,10 @@ from support.server import metric, metrics, wait_for
 pytestmark = pytest.mark.integration
 PROTOCOLS = ["grpc", "http"]
 
+# Streams that tests stop early: near the demo model's 4,096 positions, so that they outlast the stop however fast
+# the engine (2,000 tokens took about a second on the C kernels).
+LONG_STORY = 4000
+
 
 def client_for(server, protocol: str, **options):
     if protocol == "grpc":
@@ -81,7 +85,7 @@ def test_async_clients_match_the_sync_ones(triton_server, protocol):
 def test_leaving_a_stream_early_frees_its_blocks(triton_server, protocol):
     cancelled = metric(metrics(triton_server), "glm_requests_finished_total", finish_reason="cancelled")
     client = client_for(triton_server, protocol)
-    with client.stream("a very long story", max_tokens=2000, ignore_eos=True) as stream:
+    with client.stream("a very long story", max_tokens=LONG_STORY, ignore_eos=True) as stream:
         next(stream)
         assert blocks_used(triton_server) > 0
     # The ensemble's request is stopped in the engine, not left to run to max_tokens.
@@ -93,12 +97,12 @@ def test_leaving_a_stream_early_frees_its_blocks(triton_server, protocol):
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_cancel_by_the_streams_request_id_ends_it_with_what_was_generated(triton_server, protocol):
     client = client_for(triton_server, protocol)
-    with client.stream("a very long story", max_tokens=2000, ignore_eos=True) as stream:
+    with client.stream("a very long story", max_tokens=LONG_STORY, ignore_eos=True) as stream:
         first = next(stream)
         assert client.cancel(stream.request_id)
         rest = list(stream)  # the stream ends by itself, with the text generated until the stop
     assert stream.generation.finish_reason == "cancelled" and stream.generation.text == first + "".join(rest)
-    assert stream.generation.num_output_tokens < 2000
+    assert stream.generation.num_output_tokens < LONG_STORY
     assert wait_for(lambda: blocks_used(triton_server) == 0, timeout=5)
 
 
@@ -106,7 +110,7 @@ def test_cancel_by_the_streams_request_id_ends_it_with_what_was_generated(triton
 def test_leaving_an_async_stream_early_frees_its_blocks(triton_server, protocol):
     async def run():
         async with async_client_for(triton_server, protocol) as client:
-            async with client.stream("a very long story", max_tokens=2000, ignore_eos=True) as stream:
+            async with client.stream("a very long story", max_tokens=LONG_STORY, ignore_eos=True) as stream:
                 await stream.__anext__()
                 assert blocks_used(triton_server) > 0
 
@@ -118,7 +122,7 @@ def test_leaving_an_async_stream_early_frees_its_blocks(triton_server, protocol)
 def test_a_timeout_cancels_the_request(triton_server, protocol):
     client = client_for(triton_server, protocol, timeout=0.5)
     with pytest.raises(RequestTimeoutError, match="0.5 s"):
-        client.generate("a very long story", max_tokens=2000, ignore_eos=True)
+        client.generate("a very long story", max_tokens=LONG_STORY, ignore_eos=True)
     assert wait_for(lambda: blocks_used(triton_server) == 0, timeout=5)
 
 
@@ -198,7 +202,7 @@ def test_cli_generate_stream_chat_and_health(triton_server, demo_model_dir):
 def test_ctrl_c_in_the_cli_cancels_the_stream_on_the_server(triton_server, protocol):
     url = triton_server.grpc_url if protocol == "grpc" else triton_server.http_url
     process = subprocess.Popen([sys.executable, "-m", "clients", "stream", "a very long story", "--max-tokens",
-                                "2000", "--ignore-eos", "--protocol", protocol, "--url", url], cwd=REPO,
+                                str(LONG_STORY), "--ignore-eos", "--protocol", protocol, "--url", url], cwd=REPO,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         process.stdout.read(1)  # text is arriving: the request runs and holds blocks

@@ -211,7 +211,8 @@ def test_a_forwarded_stream_whose_client_cancels_stops_where_it_runs_and_lets_it
         cancelled_before = version_sample(server, "glm_requests_finished_total", 1, finish_reason="cancelled")
         prompt = np.array([GlmTokenizer(demo_model_dir).encode("a long answer")], dtype=np.int32)
         tensors = {"input_ids": prompt, "input_lengths": np.array([[prompt.shape[1]]], dtype=np.int32),
-                   "request_output_len": np.array([[1000]], dtype=np.int32), "ignore_eos": np.array([[True]]),
+                   # near the demo model's 4,096 positions: 1,000 tokens had been written before the cancel came
+                   "request_output_len": np.array([[4000]], dtype=np.int32), "ignore_eos": np.array([[True]]),
                    "streaming": np.array([[True]])}
         inputs = []
         for name, value in tensors.items():
