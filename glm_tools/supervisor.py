@@ -88,13 +88,10 @@ class Supervisor:
             if server.process.poll() is not None:
                 return f"tritonserver exited with code {server.process.returncode}"
             alive = server.stub_processes()
-            # A stub that has gone, while its model version is loaded, has died unless a successor for its instance
-            # was already running at the last poll: a reload starts the new process first and loads the model in it
-            # (seconds) before the old one goes, while Triton's Python backend, finding a stub dead when the next
-            # request comes, restarts it only after it died, which can fall between two polls. Two versions of a model (a rollout) have instances of the same
-            # names: each is told apart by its version.
-            successors = {stub for pid, stub in alive.items() if pid in stubs}
-            gone = {pid: stub for pid, stub in stubs.items() if pid not in alive and stub not in successors}
+            # A stub that has gone without a successor for its instance of its model version (a reload starts the new
+            # one first), while that version is loaded, has died. Two versions of a model (a rollout) have instances
+            # of the same names: each is told apart by its version.
+            gone = {pid: stub for pid, stub in stubs.items() if pid not in alive and stub not in alive.values()}
             if gone:
                 states = model_states(server)
                 crashed = {pid: stub for pid, stub in gone.items()

@@ -57,14 +57,6 @@ def test_a_reload_starts_the_new_process_first_and_is_no_crash():
                     ([new_glm, BLS0], READY)]) is None
 
 
-def test_a_dead_process_that_triton_restarted_between_two_polls_is_a_crash():
-    """Triton's Python backend restarts a stub it finds dead: the replacement is new at the next poll, not a reload's
-    successor that was already loading beside the old one."""
-    restarted = (20, Stub("glm", "1", "glm_0_0"))
-    reason = verdict([([GLM, BLS0], READY), ([restarted, BLS0], READY), ([restarted, BLS0], READY)])
-    assert reason == "the process of model instance glm_0_0 of glm version 1 (pid 10) died while it was loaded"
-
-
 def test_one_dead_instance_of_a_model_with_two_is_a_crash():
     reason = verdict([([GLM, BLS0, BLS1], READY), ([GLM, BLS0], READY), ([GLM, BLS0], READY)])
     assert reason == "the process of model instance bls_0_1 of bls version 1 (pid 12) died while it was loaded"
