@@ -24,9 +24,9 @@ import warnings
 import torch
 
 from glm_engine.glm_model import Linear
-from glm_engine import cpu_int8_kernel
-from glm_engine.quantization import (INT7_MAX, QuantizedLinear, cpu_has_int8_dot_product, int8_cpu_kernel,
-                                     pack_int8_for_avx2, quantize_rows, quantize_weight)
+from glm_engine.model_runner import describe_int8_path
+from glm_engine.quantization import (INT7_MAX, QuantizedLinear, cpu_has_int8_dot_product, pack_int8_for_avx2,
+                                     quantize_rows, quantize_weight)
 from glm_tools.demo_model import BENCH_ARCHITECTURE
 
 HIDDEN, INTER = BENCH_ARCHITECTURE["hidden_size"], BENCH_ARCHITECTURE["intermediate_size"]
@@ -73,11 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     vnni = cpu_has_int8_dot_product()
-    names = {"cpu": f"the C kernel (+-{cpu_int8_kernel.load().value_max})",
-             "onednn": "oneDNN u8 x s8 (7-bit activations)", None: "_int_mm"}
     print(f"[linear] torch {torch.__version__}, {torch.get_num_threads()} threads, int8 dot product (VNNI/AMX): "
-          f"{'yes' if vnni else 'no'}; int8 products: {names[int8_cpu_kernel('cpu')]}, with layer_backend torch "
-          f"{names[int8_cpu_kernel('torch')]}; GFLOP/s-equivalent", flush=True)
+          f"{'yes' if vnni else 'no'}; int8 products: {describe_int8_path('cpu')}; with layer_backend torch: "
+          f"{describe_int8_path('torch')}; GFLOP/s-equivalent", flush=True)
     print("\n| layer | rows | float32 (oneDNN) | float32 (C kernel) | int8 (engine) | int8 (layer_backend torch) "
           "| int8 (engine) vs float32 (C kernel) | _int_mm alone | oneDNN u8 x s8 alone | fbgemm dynamic (per-tensor) |"
           "\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from support.kernels import int8_kernel_or_skip
 
 from glm_engine import EngineConfig, LLMEngine
 from glm_engine import c_kernels, cpu_decode_kernel, cpu_elementwise_kernel, cpu_int8_kernel, cpu_linear_kernel
@@ -152,10 +153,7 @@ def int8_build(request) -> tuple[str, ...]:
     """The int8 kernel's extra compiler flags: this CPU's build (8-bit with AVX-512 VNNI, else 7-bit), and the AVX2
     one where this CPU would build the other."""
     flags = () if request.param == "native" else ("-mno-avx512f",)
-    try:
-        kernel = cpu_int8_kernel.load(flags)
-    except KernelUnavailable as exc:
-        pytest.skip(f"the int8 kernel cannot run here: {exc}")
+    kernel = int8_kernel_or_skip(flags)
     if flags and cpu_int8_kernel.load().value_max == kernel.value_max:
         pytest.skip("this CPU's own build is the AVX2 one")
     return flags

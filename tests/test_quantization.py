@@ -11,10 +11,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from support.checkpoints import make_tiny_checkpoint
+from support.kernels import int8_kernel_or_skip
 from support.reference import make_engine, prompts, record_logits, run_all
 
 from glm_engine import CheckpointError, EngineConfig, LLMEngine, SamplingParams, cpu_int8_kernel
-from glm_engine.c_kernels import KernelUnavailable
 from glm_engine.model_runner import describe_int8_path
 from glm_engine.quantization import (FP8_DTYPE, FP8_MAX, INT7_MAX, INT8_MAX, QuantizedLinear, dequantize_fp8,
                                      fp8_matmul, int8_matmul, int8_matmul_avx2, pack_int8_for_avx2, quantize_rows,
@@ -106,10 +106,7 @@ def test_an_int8_layer_takes_the_path_this_cpu_runs_fast(monkeypatch, vnni, laye
     layer.weight, layer.weight_scale = values, scales = quantize_weight(weight, "int8")
     layer.bias = torch.nn.Parameter(torch.randn(64), requires_grad=False)
     if layer_kernels == "cpu":
-        try:
-            cpu_int8_kernel.load()
-        except KernelUnavailable as exc:
-            pytest.skip(f"the int8 kernel cannot run here: {exc}")
+        int8_kernel_or_skip()
     layer.pack_for_cpu(layer_kernels)
     assert layer.kernel == int8_cpu_kernel(layer_kernels)
     assert (layer.packed_weight is None) == (layer.kernel is None) and (layer.weight is None) != (layer.kernel is None)
@@ -222,10 +219,7 @@ def test_engine_quantized_against_float32(gentler_tiny_model, method, vnni, laye
     """Logits within a stated distance of float32's; greedy tokens identical wherever float32's margin says no
     error of that size could flip them. int8 on every CPU path (quantization.int8_cpu_kernel) this CPU can take."""
     if layer_backend == "cpu":
-        try:
-            cpu_int8_kernel.load()
-        except KernelUnavailable as exc:
-            pytest.skip(f"the int8 kernel cannot run here: {exc}")
+        int8_kernel_or_skip()
     monkeypatch.setattr("glm_engine.quantization.cpu_has_int8_dot_product", lambda: vnni)
     worst, compared, decisive, agreed, engine = agreement_with_float(gentler_tiny_model, method, layer_backend)
     layer = engine.runner.model.model.layers[0]

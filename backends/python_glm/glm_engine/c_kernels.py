@@ -12,6 +12,7 @@ torch has already loaded.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import platform
@@ -53,16 +54,23 @@ def _run(command: list[str]) -> None:
                                 f"{result.stderr.strip()[-500:]}")
 
 
+@functools.cache
+def _compiler_version(compiler: str) -> str:
+    """`cc --version`, once a process: every kernel's cache key holds it."""
+    return subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+
+
 def build(source: Path, extra_flags: tuple[str, ...] = ()) -> Path:
     """The compiled shared object of a C source (in this package), compiling it unless the cache has it. Several
     processes may build at once: each writes its own temporary file and renames it into place. extra_flags follow
-    the usual ones (tests build a kernel for a narrower instruction set than this CPU's: -mno-avx512f)."""
+    the usual ones (tests build a kernel for a narrower instruction set than this CPU's: -mno-avx512f). The cache
+    key covers the headers beside the source (cpu_tiles.h), which a source may include."""
     compiler = _compiler()
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     compile_flags = [*COMPILE_FLAGS, *extra_flags]
+    headers = [header.read_text() for header in sorted(source.parent.glob("*.h"))]
     key = hashlib.sha256("\0".join([
-        source.read_text(), compiler, version, " ".join(compile_flags + LINK_FLAGS), platform.machine(),
-        " ".join(sorted(cpu_flags() or ())),
+        source.read_text(), *headers, compiler, _compiler_version(compiler), " ".join(compile_flags + LINK_FLAGS),
+        platform.machine(), " ".join(sorted(cpu_flags() or ())),
     ]).encode()).hexdigest()[:16]
     errors = []
     for directory in _cache_dirs():

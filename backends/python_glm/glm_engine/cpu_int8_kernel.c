@@ -37,6 +37,7 @@
 #else
 #error "the int8 kernel needs AVX2 (compiled with -march=native on a CPU without it)"
 #endif
+#include "cpu_tiles.h"
 #define SHIFT (VALUE_MAX + 1)
 #define GROUP 8 /* the packed input's padding: two steps of 4 on AVX2 */
 #define ROW_BLOCK 96
@@ -197,18 +198,7 @@ void linear_i8(float *out, const float *x, int64_t rows, const int8_t *packed, c
 #define TILE(COUNT)                                                                                                  \
     tile(out + r * out_features + first, out_features, values + r * padded_in, padded_in, token_scales + r, panel, \
          compensation + first, weight_scale + first, panel_bias, width, COUNT)
-                    switch (end_row - r < ROWS ? end_row - r : ROWS) { /* constant counts: unrolled tiles */
-#if ROWS == 8
-                    case 8: TILE(8); break;
-                    case 7: TILE(7); break;
-#endif
-                    case 6: TILE(6); break;
-                    case 5: TILE(5); break;
-                    case 4: TILE(4); break;
-                    case 3: TILE(3); break;
-                    case 2: TILE(2); break;
-                    case 1: TILE(1); break;
-                    }
+                    RUN_TILE(end_row - r) /* constant counts: unrolled tiles */
 #undef TILE
                 }
             }

@@ -27,6 +27,7 @@ typedef float vec __attribute__((vector_size(32)));
 #define PANEL 16
 #define ROWS 6
 #endif
+#include "cpu_tiles.h"
 #define LANES ((int)(sizeof(vec) / sizeof(float)))
 #define VECS (PANEL / LANES)
 #define ROW_BLOCK 96
@@ -98,18 +99,7 @@ void linear_f32(float *out, const float *x, int64_t rows, const float *packed, c
 #define TILE(COUNT)                                                                                                  \
     tile(out + r * out_features + first, out_features, x + r * in_features, in_features, panel, panel_bias, width, \
          COUNT)
-                switch (end_row - r < ROWS ? end_row - r : ROWS) { /* constant counts: unrolled tiles */
-#if ROWS == 8
-                case 8: TILE(8); break;
-                case 7: TILE(7); break;
-#endif
-                case 6: TILE(6); break;
-                case 5: TILE(5); break;
-                case 4: TILE(4); break;
-                case 3: TILE(3); break;
-                case 2: TILE(2); break;
-                case 1: TILE(1); break;
-                }
+                RUN_TILE(end_row - r) /* constant counts: unrolled tiles */
 #undef TILE
             }
         }
