@@ -75,6 +75,40 @@ def test_a_gone_client_gets_an_empty_final_response(tokenizer):
     assert sender.sent == [(None, FINAL)]
 
 
+def test_cancellation_is_asked_for_once_a_period_and_at_the_end(tokenizer):
+    """Each is_cancelled() is a round trip to the server: a stream asks at most every cancellation_check_s, and always
+    at its last output, so that a final response never goes to a client that has gone."""
+    class CountingSender(Sender):
+        asked = 0
+
+        def is_cancelled(self):
+            self.asked += 1
+            return self.cancelled
+
+    sender, now = CountingSender(), [0.0]
+    responses = ResponseStream(sender, OutputProcessor(tokenizer, [3], True, False), cancellation_check_s=0.1,
+                               clock=lambda: now[0])
+    for step in range(10):  # 10 tokens 30 ms apart: asked at 0, 120 and 240 ms
+        now[0] = 0.03 * step
+        assert responses.on_output(output([5]))
+    assert sender.asked == 3 and len(sender.sent) == 10
+    sender.cancelled = True
+    now[0] = 0.3
+    assert responses.on_output(output([5]))  # not asked yet: 60 ms since the last time
+    now[0] = 0.36
+    assert responses.on_output(output([5])) is False  # asked: the engine aborts the request
+    assert responses.on_output(output([], finished=True, reason=FinishReason.CANCELLED)) is False
+    assert sender.sent[-1] == (None, FINAL) and len(sender.sent) == 12
+
+    ended = CountingSender()
+    responses = ResponseStream(ended, OutputProcessor(tokenizer, [3], True, False), cancellation_check_s=10.0,
+                               clock=lambda: 0.0)
+    assert responses.on_output(output([5]))
+    ended.cancelled = True
+    assert responses.on_output(output([6], finished=True, reason=FinishReason.LENGTH)) is False
+    assert ended.asked == 2 and ended.sent[-1] == (None, FINAL)
+
+
 def test_only_the_outputs_the_client_asked_for_are_sent(tokenizer):
     everything, asked = Sender(), Sender()
     for sender, outputs in ((everything, None), (asked, {"output_ids", "finish_reason"})):
@@ -197,6 +231,7 @@ def test_bad_words_are_tokenized_with_and_without_a_leading_space(tokenizer):
 
 
 def test_the_outbox_sends_in_order_survives_a_failing_send_and_drains_on_close():
+    from triton_glm.common import send_now
     from triton_glm.glm import ResponseOutbox
 
     class FailingSender(Sender):
@@ -206,10 +241,10 @@ def test_the_outbox_sends_in_order_survives_a_failing_send_and_drains_on_close()
     first, second, failing = Sender(), Sender(), FailingSender()
     outbox = ResponseOutbox()
     for i in range(50):
-        outbox.send(first if i % 2 else second, f"response {i}", 0)
+        outbox.later(send_now, first if i % 2 else second, f"response {i}", 0)
         if i == 10:
-            outbox.send(failing, "lost", 0)
-    outbox.send(first, None, FINAL)
+            outbox.later(send_now, failing, "lost", 0)
+    outbox.later(send_now, first, None, FINAL)
     outbox.close()  # returns once everything queued before it was sent
     assert first.sent == [(f"response {i}", 0) for i in range(1, 50, 2)] + [(None, FINAL)]
     assert second.sent == [(f"response {i}", 0) for i in range(0, 50, 2)]

@@ -158,6 +158,10 @@ class EngineConfig:
     # When the model is unloaded (a reload, a new version, a shutdown), requests still running get this long to finish;
     # those left then end with a retryable "shutting down" error.
     unload_grace_s: float = 60.0
+    # A running request asks the server whether its client has cancelled at most this often (TensorRT-LLM's parameter
+    # of the same name): each asking is a round trip to Triton's process, which, asked at every token, took as long
+    # as the rest of the engine thread's work on the outputs; 0: at every output.
+    cancellation_check_period_ms: int = 100
     # Split the model over this many devices (glm_engine/tensor_parallel.py): one worker process per extra rank, GPUs
     # device, device + 1, ... over NCCL on CUDA; on the CPU over gloo, the cores shared out between the ranks.
     tensor_parallel_size: int = 1
@@ -190,7 +194,7 @@ class EngineConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         for name in ("num_kv_blocks", "max_model_len", "cuda_graph_max_batch", "max_waiting_requests",
-                     "max_waiting_tokens", "max_queue_time_s"):
+                     "max_waiting_tokens", "max_queue_time_s", "cancellation_check_period_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import os
 import queue
 import threading
@@ -78,9 +79,10 @@ class GlmEngineModel:
                 streams = [ResponseStream(sender, OutputProcessor(self.tokenizer, prompt, streaming, echo_prompt,
                                                                   params.stop),
                                           self.metrics, outputs=set(request.requested_output_names()),
-                                          send=self.outbox.send, code_in_message=code_in_message,
+                                          later=self.outbox.later, code_in_message=code_in_message,
                                           version=self.version, sequence_index=index, answers=answers,
-                                          perf_metrics=perf_metrics)
+                                          perf_metrics=perf_metrics,
+                                          cancellation_check_s=self.config.cancellation_check_period_ms / 1000)
                            for index in range(params.n)]
                 self._submit(request.request_id(), prompt, params.samples(), streams)
             except ValueError as exc:  # InputError, VersionError, or the engine's own checks
@@ -200,31 +202,37 @@ def version_checkpoint(model_path: str, version: int, parameters: dict[str, str]
 
 
 class ResponseOutbox:
-    """Sends responses on a thread of its own, in the order they were queued.
+    """Runs the engine thread's round trips to Triton's process (sending responses, recording metrics) on a thread of
+    its own, in the order they were queued.
 
-    A response sender's send() is a round trip to the server process, most of it spent waiting for the server's
-    side. Made on the engine thread, that wait came once per token and held up the next step; from here, the waits
-    overlap the steps (docs/performance.md has the measurements)."""
+    Each is mostly spent waiting for the server's side. Made on the engine thread, those waits came once per token
+    and held up the next step; from here, they overlap the steps (docs/performance.md has the measurements)."""
 
     def __init__(self):
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="glm-outbox", daemon=True)
         self._thread.start()
 
-    def send(self, sender, response, flags: int) -> None:
-        self._queue.put((sender, response, flags))
+    def later(self, function, *args) -> None:
+        """Call function(*args) on the outbox's thread, after everything queued before."""
+        self._queue.put((function, args))
 
     def close(self) -> None:
-        """Send what is queued, then stop."""
+        """Run what is queued, then stop."""
         self._queue.put(None)
         self._thread.join(timeout=30)
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
+            function, args = item
             try:
-                send_now(*item)
+                function(*args)
             except Exception:  # e.g. the client went away; the engine notices through is_cancelled()
-                log.exception("sending a response failed")
+                log.exception("a response or metric failed")
+
+
+def call_now(function, *args) -> None:
+    function(*args)
 
 
 class OpenAnswers:
@@ -252,19 +260,24 @@ class ResponseStream:
     go to the metrics."""
 
     def __init__(self, sender, processor: OutputProcessor, metrics: EngineMetrics | None = None,
-                 outputs: set[str] | None = None, send=send_now, code_in_message: bool = False, version: int = 1,
-                 sequence_index: int = 0, answers: OpenAnswers | None = None, perf_metrics: bool = False):
+                 outputs: set[str] | None = None, later=call_now, code_in_message: bool = False, version: int = 1,
+                 sequence_index: int = 0, answers: OpenAnswers | None = None, perf_metrics: bool = False,
+                 cancellation_check_s: float = 0.0, clock=time.monotonic):
         """`outputs`: the output names the client asked for (Triton asks for all when the client names none); only
         those are sent. Each tensor costs a copy through shared memory and gRPC or JSON encoding, every token.
-        `code_in_message`: the request came through BLS (see common.CODE_IN_MESSAGE). `version`: glm's version, sent as
-        the output glm_version. `sequence_index`: which answer of the request this is, of `answers`.
-        `perf_metrics`: send TensorRT-LLM's KV-cache and timing outputs."""
+        `later(function, *args)`: where the responses are built and sent and the latencies recorded (at once, or
+        ResponseOutbox.later). `code_in_message`: the request came through BLS (see common.CODE_IN_MESSAGE).
+        `version`: glm's version, sent as the output glm_version. `sequence_index`: which answer of the request this
+        is, of `answers`. `perf_metrics`: send TensorRT-LLM's KV-cache and timing outputs. `cancellation_check_s`:
+        the client's cancellation is asked for at most this often, and at the answer's end."""
         self.sender = sender
         self.code_in_message = code_in_message
         self.processor = processor
         self.metrics = metrics
         self.outputs = outputs
-        self.send = send  # send(sender, response or None, flags): at once, or through a ResponseOutbox
+        self.later = later
+        self.cancellation_check_s, self.clock = cancellation_check_s, clock
+        self._next_check, self._cancelled = -math.inf, False
         self.version = np.array([[version]], dtype=np.int32)
         self.sequence_index = np.array([[sequence_index]], dtype=np.int32)
         self.answers = answers or OpenAnswers(1)
@@ -274,24 +287,36 @@ class ResponseStream:
         """Called on the engine thread; returning False asks the engine to abort the request."""
         if self.answers.abandoned:
             return False
-        update = self.processor.process(output, client_gone=self.sender.is_cancelled)
-        if self.metrics is not None:
-            self.metrics.record(update.latencies, update.finish_reason)
+        update = self.processor.process(output, client_gone=lambda: self._client_gone(output.finished))
+        if self.metrics is not None and (update.latencies or update.finish_reason):
+            self.later(self.metrics.record, update.latencies, update.finish_reason)
         if self.perf is not None:
             self.perf.update(output)
         ends = update.error is not None or update.close or (update.response is not None and update.response.final)
         flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if ends and self.answers.close_one() else 0
         if update.error is not None:
             code = "UNAVAILABLE" if update.unavailable else "INTERNAL"
-            self.send(self.sender, error_response(update.error, code, self.code_in_message), flags)
+            self.later(send_now, self.sender, error_response(update.error, code, self.code_in_message), flags)
         elif update.close:
             if flags:  # nobody listens: only the request's final flag is still owed
-                self.send(self.sender, None, flags)
+                self.later(send_now, self.sender, None, flags)
         elif update.response is not None:
-            self.send(self.sender, self._triton_response(update.response), flags)
+            perf = self.perf.outputs() if self.perf is not None else {}  # as they are now, not when sent
+            self.later(self._send_response, update.response, perf, flags)
         return not update.abort
 
-    def _triton_response(self, response: Response):
+    def _client_gone(self, ending: bool) -> bool:
+        """Whether the client has cancelled: asked of the server every cancellation_check_s and when the answer ends
+        (so that its last response goes to nobody only when nobody listens)."""
+        now = self.clock()
+        if not self._cancelled and (ending or now >= self._next_check):
+            self._cancelled, self._next_check = self.sender.is_cancelled(), now + self.cancellation_check_s
+        return self._cancelled
+
+    def _send_response(self, response: Response, perf: dict[str, np.ndarray], flags: int) -> None:
+        send_now(self.sender, self._triton_response(response, perf), flags)
+
+    def _triton_response(self, response: Response, perf: dict[str, np.ndarray]):
         token_ids = response.token_ids
         text_length = -1 if response.text_length is None else response.text_length
         values = {
@@ -306,7 +331,7 @@ class ResponseStream:
             "glm_version": self.version,
             "sequence_index": self.sequence_index,
             "batch_index": ZERO_INT32,
-            **(self.perf.outputs() if self.perf is not None else {}),
+            **perf,
         }
         if self.outputs is None or "text_output" in self.outputs:
             # Each response's ids decode to whole characters (the output processor's chunking), so its text is

@@ -1,7 +1,8 @@
 """The engine's Prometheus metrics, published on Triton's metrics port through the Python backend's metrics API.
 
 Gauges and counters follow the engine's own numbers (EngineStats) after every step; latency histograms and finish
-reasons are recorded per request from what its OutputProcessor reports. All of it happens on the engine thread.
+reasons are recorded per request from what its OutputProcessor reports: the gauges and counters on the engine
+thread, the rest on glm's response outbox (each observation is a round trip to Triton's process).
 """
 
 from __future__ import annotations
