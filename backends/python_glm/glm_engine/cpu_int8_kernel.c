@@ -101,18 +101,25 @@ static inline __attribute__((always_inline)) void tile(float *out, int64_t out_s
                                                        const float *weight_scale, const float *bias,
                                                        int64_t width, int rows)
 {
-    __m512i acc[ROWS][2];
-    for (int r = 0; r < rows; r++)
-        acc[r][0] = acc[r][1] = _mm512_setzero_si512();
+    /* A token's two sums in variables of their own, not an array: GCC 12 then keeps them in registers, where with
+     * an array it copied every sum between registers and the stack at each step (half the speed). */
+    const __m512i zero = _mm512_setzero_si512();
+    __m512i lo0 = zero, hi0 = zero, lo1 = zero, hi1 = zero, lo2 = zero, hi2 = zero, lo3 = zero, hi3 = zero;
+    __m512i lo4 = zero, hi4 = zero, lo5 = zero, hi5 = zero, lo6 = zero, hi6 = zero, lo7 = zero, hi7 = zero;
     for (int64_t j = 0; j < padded_in; j += 4) {
         const int8_t *w = panel + j * PANEL; /* [PANEL, 4] */
         const __m512i w0 = _mm512_loadu_si512(w), w1 = _mm512_loadu_si512(w + 64);
-        for (int r = 0; r < rows; r++) {
-            const __m512i x = _mm512_set1_epi32(four_bytes(values + r * padded_in + j));
-            acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], x, w0);
-            acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], x, w1);
-        }
+#define STEP(r)                                                                         \
+    if (r < rows) {                                                                     \
+        const __m512i x = _mm512_set1_epi32(four_bytes(values + r * padded_in + j));   \
+        lo##r = _mm512_dpbusd_epi32(lo##r, x, w0);                                      \
+        hi##r = _mm512_dpbusd_epi32(hi##r, x, w1);                                      \
     }
+        STEP(0) STEP(1) STEP(2) STEP(3) STEP(4) STEP(5) STEP(6) STEP(7)
+#undef STEP
+    }
+    const __m512i acc[ROWS][2] = {{lo0, hi0}, {lo1, hi1}, {lo2, hi2}, {lo3, hi3},
+                                  {lo4, hi4}, {lo5, hi5}, {lo6, hi6}, {lo7, hi7}};
     /* (sum - compensation) * (weight scale * token scale) (+ bias) in intrinsics that -ffast-math cannot reorder:
      * every tile size computes a token's outputs the same way, whatever the batch. */
     for (int half = 0; half < 2; half++) {
@@ -174,6 +181,23 @@ static inline __attribute__((always_inline)) void tile(float *out, int64_t out_s
 }
 #endif
 
+/* Each token count's tile a function of its own, never inlined into the loops below: GCC 12 keeps the sums in
+ * registers only then (inlined, it copied them between registers at each step: half the speed). */
+#define DEFINE_TILE(COUNT)                                                                                          \
+    static __attribute__((noinline)) void tile_##COUNT(                                                            \
+        float *out, int64_t out_stride, const uint8_t *values, int64_t padded_in, const float *token_scales,       \
+        const int8_t *panel, const int32_t *compensation, const float *weight_scale, const float *bias,            \
+        int64_t width)                                                                                             \
+    {                                                                                                              \
+        tile(out, out_stride, values, padded_in, token_scales, panel, compensation, weight_scale, bias, width,     \
+             COUNT);                                                                                               \
+    }
+DEFINE_TILE(1) DEFINE_TILE(2) DEFINE_TILE(3) DEFINE_TILE(4) DEFINE_TILE(5) DEFINE_TILE(6)
+#if ROWS == 8
+DEFINE_TILE(7) DEFINE_TILE(8)
+#endif
+#undef DEFINE_TILE
+
 /* out: [rows, out_features] float32; x: [rows, in_features] float32, contiguous; values, token_scales: scratch
  * [rows, padded_in] uint8 and [rows] float32 (left holding x quantized, for tests); weight_scale [out_features];
  * bias [out_features] or NULL. */
@@ -196,9 +220,9 @@ void linear_i8(float *out, const float *x, int64_t rows, const int8_t *packed, c
                 const float *panel_bias = bias ? bias + first : NULL;
                 for (int64_t r = first_row; r < end_row; r += ROWS) {
 #define TILE(COUNT)                                                                                                  \
-    tile(out + r * out_features + first, out_features, values + r * padded_in, padded_in, token_scales + r, panel, \
-         compensation + first, weight_scale + first, panel_bias, width, COUNT)
-                    RUN_TILE(end_row - r) /* constant counts: unrolled tiles */
+    tile_##COUNT(out + r * out_features + first, out_features, values + r * padded_in, padded_in, token_scales + r, \
+                 panel, compensation + first, weight_scale + first, panel_bias, width)
+                    RUN_TILE(end_row - r)
 #undef TILE
                 }
             }
