@@ -19,6 +19,7 @@ from .checkpoint import load_state_dict, stored_precision
 from .config import EngineConfig, ModelConfig
 from .cuda_graph import DecodeGraphs, graph_batch_sizes
 from .glm_model import GlmForCausalLM
+from .host_allocator import keep_freed_memory
 from .memory import RESERVE_BYTES, available_bytes, check_fits, weight_bytes
 from .quantization import int8_cpu_kernel, resolve_method
 from .scheduler import SchedulerOutput
@@ -192,6 +193,8 @@ class ModelRunner:
         self.layer_kernels = choose_layer_kernels(config.layer_backend, self.device, self.dtype, self.quantization)
         if threads := cpu_threads(config, shard):
             torch.set_num_threads(threads)
+        if self.device.type == "cpu":
+            keep_freed_memory()
         if self.quantization == "int8" and self.device.type == "cpu":
             log.info("int8 products on this CPU: %s (docs/quantization.md)", describe_int8_path(self.layer_kernels))
         if stored == "fp8" and config.quantization == "auto" and self.quantization == "none":
