@@ -15,11 +15,13 @@ import torch
 from support.kernels import int8_kernel_or_skip
 
 from glm_engine import EngineConfig, LLMEngine
-from glm_engine import c_kernels, cpu_decode_kernel, cpu_elementwise_kernel, cpu_int8_kernel, cpu_linear_kernel
-from glm_engine.attention import AttentionMetadata, paged_attention, write_kv
+from glm_engine import (c_kernels, cpu_decode_kernel, cpu_elementwise_kernel, cpu_int8_kernel, cpu_linear_kernel,
+                        cpu_prefill_kernel)
+from glm_engine.attention import AttentionMetadata, _prefill_attention, paged_attention, write_kv
 from glm_engine.c_kernels import KernelUnavailable
 from glm_engine.cpu_info import cpu_flags
 from glm_engine.cpu_decode_kernel import paged_decode_attention
+from glm_engine.cpu_prefill_kernel import paged_prefill_attention
 from glm_engine.glm_model import MLP, Linear, RMSNorm, RotaryEmbedding
 from glm_engine.model_runner import choose_decode_kernel, choose_layer_kernels
 from glm_engine.quantization import int8_cpu_kernel, quantize_weight, requantize
@@ -86,9 +88,56 @@ def test_a_sequences_output_does_not_depend_on_its_batch_or_the_threads():
             assert torch.equal(paged_decode_attention(q, k_cache, v_cache, tables, context_lens, 0.125), batched)
 
 
+def random_sequence(seed, num_heads, num_kv_heads, head_dim, block_size, context_len, new_tokens):
+    """One sequence's context in a pool of scattered blocks, and queries for its last new_tokens tokens, as the
+    model hands them over (a slice of the fused q/k/v rows, not contiguous)."""
+    generator = torch.Generator().manual_seed(seed)
+    blocks = -(-context_len // block_size)
+    pool = (2 * blocks + 3, block_size, num_kv_heads, head_dim)
+    k_cache, v_cache = torch.randn(pool, generator=generator), torch.randn(pool, generator=generator)
+    table = torch.randperm(pool[0], generator=generator)[:blocks]
+    qkv = torch.randn(new_tokens, num_heads + 2 * num_kv_heads, head_dim, generator=generator)
+    return qkv[:, :num_heads], k_cache, v_cache, table
+
+
+@pytest.mark.parametrize("seed, num_heads, num_kv_heads, head_dim, block_size, context_len, new_tokens", [
+    (0, 8, 2, 64, 16, 300, 300),  # the bench model's shape, a whole prompt
+    (1, 8, 2, 64, 16, 265, 151),  # the rest of a prompt after a cached prefix, or a chunk
+    (2, 32, 2, 128, 16, 70, 70),  # GLM-4-9B's
+    (3, 6, 1, 36, 8, 45, 9),  # a group not a multiple of four, dimensions not a multiple of the panel
+    (4, 5, 5, 8, 1, 20, 20),  # no grouping, one-slot blocks
+    (5, 3, 1, 7, 32, 65, 2),  # fewer heads than four, fewer dimensions than eight, two new tokens
+])
+def test_the_prefill_kernel_matches_the_torch_path(seed, num_heads, num_kv_heads, head_dim, block_size,
+                                                    context_len, new_tokens):
+    q, k_cache, v_cache, table = random_sequence(seed, num_heads, num_kv_heads, head_dim, block_size, context_len,
+                                                 new_tokens)
+    scale = head_dim ** -0.5
+    expected = _prefill_attention(q, k_cache, v_cache, table, context_len, scale)
+    for threads in (1, 2):
+        with torch_threads(threads):
+            torch.testing.assert_close(paged_prefill_attention(q, k_cache, v_cache, table, context_len, scale),
+                                       expected, atol=2e-6, rtol=1e-5)
+
+
+def test_a_prompt_token_attends_the_same_whether_the_prompt_came_whole_or_in_chunks():
+    """Bit for bit: a token's scores and output are sums in one order whatever its tile, its chunk or the threads
+    (so chunked prefill and prefix caching change nothing), in the AVX-512 build and the narrower one alike."""
+    q, k_cache, v_cache, table = random_sequence(7, 8, 2, 64, 16, 200, 200)
+    builds = [()] + ([("-mno-avx512f",)] if "avx512f" in (cpu_flags() or ()) else [])
+    for flags in builds:
+        whole = paged_prefill_attention(q, k_cache, v_cache, table, 200, 0.125, extra_flags=flags)
+        for start, end in ((0, 37), (37, 38), (38, 150), (150, 200)):  # chunks, one of a single token
+            for threads in (1, 2):
+                with torch_threads(threads):
+                    chunk = paged_prefill_attention(q[start:end], k_cache, v_cache, table, end, 0.125,
+                                                    extra_flags=flags)
+                assert torch.equal(chunk, whole[start:end])
+
+
 def test_loading_the_kernels_leaves_the_process_floating_point_mode_alone():
     """Linked with -ffast-math, a shared object would turn on flush-to-zero for the whole process."""
-    for kernel in (cpu_decode_kernel, cpu_linear_kernel, cpu_elementwise_kernel):
+    for kernel in (cpu_decode_kernel, cpu_prefill_kernel, cpu_linear_kernel, cpu_elementwise_kernel):
         kernel.load()
     with contextlib.suppress(KernelUnavailable):  # AVX2 only
         cpu_int8_kernel.load()
@@ -306,7 +355,7 @@ def no_compiler(monkeypatch, tmp_path):
     """A machine without a C compiler and with an empty kernel cache."""
     monkeypatch.setenv("CC", "no-such-compiler")
     monkeypatch.setenv(c_kernels.CACHE_ENV, str(tmp_path))
-    kernels = (cpu_decode_kernel, cpu_linear_kernel, cpu_elementwise_kernel, cpu_int8_kernel)
+    kernels = (cpu_decode_kernel, cpu_prefill_kernel, cpu_linear_kernel, cpu_elementwise_kernel, cpu_int8_kernel)
     for kernel in kernels:
         kernel.load.cache_clear()
     yield
@@ -318,7 +367,7 @@ def test_without_a_compiler_auto_falls_back_and_says_why(no_compiler, caplog):
     with caplog.at_level(logging.WARNING):
         assert choose_decode_kernel("auto", CPU, torch.float32) == "torch"
         assert choose_layer_kernels("auto", CPU, torch.float32) == "torch"
-    assert "decode attention uses the torch path" in caplog.text and "the layers use oneDNN and torch" in caplog.text
+    assert "attention uses the torch path" in caplog.text and "the layers use oneDNN and torch" in caplog.text
     assert "no C compiler: 'no-such-compiler' is not on PATH" in caplog.text
     with pytest.raises(ValueError, match="attention_backend cpu: no C compiler"):
         choose_decode_kernel("cpu", CPU, torch.float32)

@@ -27,7 +27,8 @@ class AttentionMetadata:
     query_lens: list[int]  # new tokens per sequence; sequence b's are rows sum(query_lens[:b]) onwards
     host_context_lens: list[int]
     # What attends the decoding rows: "torch" (gather, then SDPA), "triton" (paged_decode_kernel.py, CUDA) or
-    # "cpu" (cpu_decode_kernel.py); ModelRunner picks it (choose_decode_kernel).
+    # "cpu" (cpu_decode_kernel.py, and then cpu_prefill_kernel.py the prefilling ones; others prefill with
+    # torch); ModelRunner picks it (choose_decode_kernel).
     decode_kernel: str = "torch"
 
     @property
@@ -59,10 +60,11 @@ def paged_attention(q, k_cache, v_cache, meta: AttentionMetadata, scale: float) 
         rows = torch.tensor([starts[b] for b in decoding], device=q.device)
         out[rows] = decode_attention(q[rows], k_cache, v_cache, meta.block_tables[seqs], meta.context_lens[seqs],
                                      scale)
+    prefill_attention = prefill_attention_function(meta.decode_kernel)
     for b, (n, context_len) in enumerate(zip(meta.query_lens, meta.host_context_lens)):
         if n > 1:
             rows = slice(starts[b], starts[b] + n)
-            out[rows] = _prefill_attention(q[rows], k_cache, v_cache, meta.block_tables[b], context_len, scale)
+            prefill_attention(q[rows], k_cache, v_cache, meta.block_tables[b], context_len, scale, out[rows])
     return out
 
 
@@ -79,8 +81,20 @@ def decode_attention_function(kernel: str):
     return paged_decode_attention
 
 
-def _prefill_attention(q, k_cache, v_cache, block_table, context_len: int, scale: float) -> torch.Tensor:
-    """One sequence's new tokens q [n, heads, head_dim], the last n of its context_len tokens."""
+@functools.cache
+def prefill_attention_function(kernel: str):
+    """The function for one sequence's new tokens: (q, k_cache, v_cache, block_table, context_len, scale, out),
+    writing out. The C kernel beside the CPU decode kernel; else torch (the Triton kernel decodes only)."""
+    if kernel == "cpu":
+        from .cpu_prefill_kernel import paged_prefill_attention
+        return paged_prefill_attention
+    return _prefill_attention
+
+
+def _prefill_attention(q, k_cache, v_cache, block_table, context_len: int, scale: float,
+                       out: torch.Tensor | None = None) -> torch.Tensor:
+    """One sequence's new tokens q [n, heads, head_dim], the last n of its context_len tokens; written into out
+    when given."""
     n = q.shape[0]
     keys, values = _gather(k_cache, v_cache, block_table[None], context_len)
     keys, values = keys[0, :context_len].transpose(0, 1), values[0, :context_len].transpose(0, 1)
@@ -90,9 +104,12 @@ def _prefill_attention(q, k_cache, v_cache, block_table, context_len: int, scale
         positions = torch.arange(context_len, device=q.device)
         mask, causal = positions[None, :] <= positions[context_len - n:, None], False
     # A batch of one, not 3-D tensors: with enable_gqa, 3-D inputs fall back to the slower math path on the CPU.
-    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys[None], values[None], attn_mask=mask,
-                                         is_causal=causal, scale=scale, enable_gqa=True)
-    return out[0].transpose(0, 1)
+    attended = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys[None], values[None], attn_mask=mask,
+                                              is_causal=causal, scale=scale, enable_gqa=True)[0].transpose(0, 1)
+    if out is None:
+        return attended
+    out.copy_(attended)
+    return out
 
 
 def _gather(k_cache, v_cache, block_tables, max_context_len: int):

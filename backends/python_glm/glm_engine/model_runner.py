@@ -75,10 +75,13 @@ def choose_decode_kernel(backend: str, device: torch.device, dtype: torch.dtype)
         if backend == "cpu":
             raise ValueError(f"attention_backend cpu: the C kernel runs float32 on the CPU, not {dtype} on {device}")
         return "torch"
-    from . import cpu_decode_kernel
+    from . import cpu_decode_kernel, cpu_prefill_kernel
 
-    return _c_kernel_or(cpu_decode_kernel.load, "torch", backend, "attention_backend",
-                        "decode attention uses the torch path")
+    def load_both():
+        cpu_decode_kernel.load()
+        cpu_prefill_kernel.load()
+
+    return _c_kernel_or(load_both, "torch", backend, "attention_backend", "attention uses the torch path")
 
 
 def _c_kernel_or(load, fallback: str, backend: str, parameter: str, consequence: str) -> str:
