@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from support import REPO
 
 
@@ -71,13 +73,16 @@ def test_bench_linear_times_float_and_int8_layers(tmp_path):
     assert isinstance(written["int8_dot_product"], bool)
 
 
-def test_bench_attention_times_the_c_kernel_against_the_torch_path(tmp_path):
+@pytest.mark.parametrize("phase", ["decode", "prefill"])
+def test_bench_attention_times_the_c_kernel_against_the_torch_path(tmp_path, phase):
     out = tmp_path / "attention.json"
-    completed = run_script("bench_attention.py", "--seqs", "3", "--pool-blocks", "256", "--rounds", "2", "--calls",
-                           "2", "--json", str(out))
+    completed = run_script("bench_attention.py", "--phase", phase, "--seqs", "3", "--pool-blocks", "256", "--layers",
+                           "2", "--rounds", "2", "--calls", "2", "--json", str(out))
     written = json.loads(out.read_text())
     assert written["largest_difference"] < 1e-5
     assert all(len(written["rounds"][path]) == 2 for path in ("torch", "c_kernel"))
+    assert all(written["summary"][path]["rate"] > 0 for path in ("torch", "c_kernel"))
+    assert written["summary"]["rate_unit"] == ("GFLOP/s" if phase == "prefill" else "keys and values read, GB/s")
     assert written["summary"]["c_kernel_speedup"] > 0 and "x the torch path" in completed.stdout
 
 

@@ -1,5 +1,5 @@
-"""Building this package's C kernels (cpu_decode_kernel.c, cpu_linear_kernel.c, cpu_elementwise_kernel.c,
-cpu_int8_kernel.c) for the CPU they run on.
+"""Building this package's C kernels (cpu_decode_kernel.c, cpu_prefill_kernel.c, cpu_linear_kernel.c,
+cpu_elementwise_kernel.c, cpu_int8_kernel.c) for the CPU they run on.
 
 Each is compiled on first use with the system's C compiler (`CC`, else `cc`) for this CPU (-march=native), in well
 under a second, into a cache directory (`GLM_KERNEL_CACHE`, else ~/.cache/open-autoglm, else the temporary

@@ -1,4 +1,4 @@
-/* Shared by the linear kernels (cpu_linear_kernel.c, cpu_int8_kernel.c): run the tile for `left` rows, at most
+/* Shared by the tiled kernels (cpu_f32_tile.h's users, cpu_int8_kernel.c): run the tile for `left` rows, at most
  * ROWS (6 or 8), through a switch over constant counts, so that each count is its own unrolled copy of the tile.
  * The includer defines ROWS first, and TILE(COUNT) where it calls this. */
 
