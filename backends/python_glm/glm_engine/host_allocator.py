@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import platform
 
 log = logging.getLogger(__name__)
@@ -27,8 +28,10 @@ TRIM_THRESHOLD = 2**31 - 1
 
 def keep_freed_memory() -> bool:
     """Tell glibc's malloc to keep freed memory for reuse; False (and nothing changed) where malloc is not
-    glibc's or refuses."""
+    glibc's (another one preloaded) or refuses."""
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    if "malloc" in os.environ.get("LD_PRELOAD", ""):  # jemalloc or tcmalloc (the launcher's): their own policy
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt
