@@ -14,7 +14,8 @@ import pytest
 # prints the page faults of each step. glibc's own heuristics sometimes keep such memory and sometimes give it back,
 # depending on where small allocations land, so the control is deterministic instead: the same with malloc_trim
 # after each step, which hands all free memory back.
-STEP_FAULTS = """
+TENSORS, TENSOR_FLOATS = 4, 6 * 2**20
+STEP_FAULTS = f"""
 import ctypes, resource, sys, torch
 from glm_engine.host_allocator import keep_freed_memory
 assert keep_freed_memory()
@@ -22,14 +23,14 @@ faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 counts = []
 for step in range(8):
     before = faults()
-    activations = [torch.ones(6 * 2**20) for _ in range(4)]
+    activations = [torch.ones({TENSOR_FLOATS}) for _ in range({TENSORS})]
     del activations
     counts.append(faults() - before)
     if sys.argv[1] == "trim":
         ctypes.CDLL(None).malloc_trim(0)
 print(*counts)
 """
-STEP_PAGES = 4 * 24 * 2**20 // 4096
+STEP_PAGES = TENSORS * TENSOR_FLOATS * 4 // 4096
 
 
 def step_faults(mode: str) -> list[int]:
