@@ -19,6 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_prefetch.h"
+
 typedef float vec8 __attribute__((vector_size(32)));
 
 static inline vec8 load8(const float *p)
@@ -155,7 +157,7 @@ static void prefetch_block(const float *rows, int64_t slots, int64_t slot_stride
 {
     for (int64_t s = 0; s < slots; s++)
         for (int64_t d = 0; d < width; d += 16) /* 16 floats: one 64-byte cache line */
-            __builtin_prefetch(rows + s * slot_stride + d, 0, 3);
+            PREFETCH_TO_L2(rows + s * slot_stride + d);
 }
 
 /* The tokens of a len-token context held by the block that starts at token first: all its slots but in the last. */

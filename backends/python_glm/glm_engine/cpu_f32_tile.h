@@ -18,6 +18,7 @@ typedef float vec __attribute__((vector_size(32)));
 #define PANEL 16
 #define ROWS 6
 #endif
+#include "cpu_prefetch.h"
 #include "cpu_tiles.h"
 #define LANES ((int)(sizeof(vec) / sizeof(float)))
 #define VECS (PANEL / LANES)
@@ -48,7 +49,7 @@ static inline __attribute__((always_inline)) void tile(float *out, int64_t out_s
         for (int v = 0; v < VECS; v++)
             w[v] = load_vec(panel + j * PANEL + v * LANES);
         for (int c = 0; c < PANEL; c += 16) /* 16 floats: a 64-byte cache line */
-            __builtin_prefetch(panel + (j + PREFETCH_ROWS) * PANEL + c, 0, 3);
+            PREFETCH_TO_L2(panel + (j + PREFETCH_ROWS) * PANEL + c);
         for (int r = 0; r < rows; r++) {
             const float xr = x[r * x_stride + j];
             for (int v = 0; v < VECS; v++)

@@ -37,6 +37,7 @@
 #else
 #error "the int8 kernel needs AVX2 (compiled with -march=native on a CPU without it)"
 #endif
+#include "cpu_prefetch.h"
 #include "cpu_tiles.h"
 #define SHIFT (VALUE_MAX + 1)
 #define GROUP 8 /* the packed input's padding: two steps of 4 on AVX2 */
@@ -111,8 +112,8 @@ static inline __attribute__((always_inline)) void tile(float *out, int64_t out_s
     for (int64_t j = 0; j < padded_in; j += 4) {
         const int8_t *w = panel + j * PANEL; /* [PANEL, 4] */
         const __m512i w0 = _mm512_loadu_si512(w), w1 = _mm512_loadu_si512(w + 64);
-        __builtin_prefetch(w + PREFETCH_BYTES, 0, 3);
-        __builtin_prefetch(w + PREFETCH_BYTES + 64, 0, 3);
+        PREFETCH_TO_L2(w + PREFETCH_BYTES);
+        PREFETCH_TO_L2(w + PREFETCH_BYTES + 64);
 #define STEP(r)                                                                         \
     if (r < rows) {                                                                     \
         const __m512i x = _mm512_set1_epi32(four_bytes(values + r * padded_in + j));   \
@@ -156,8 +157,8 @@ static inline __attribute__((always_inline)) void tile(float *out, int64_t out_s
         const __m256i a0 = _mm256_loadu_si256((const __m256i *)w), a1 = _mm256_loadu_si256((const __m256i *)(w + 32));
         const __m256i b0 = _mm256_loadu_si256((const __m256i *)(w + 64));
         const __m256i b1 = _mm256_loadu_si256((const __m256i *)(w + 96));
-        __builtin_prefetch(w + PREFETCH_BYTES, 0, 3);
-        __builtin_prefetch(w + PREFETCH_BYTES + 64, 0, 3);
+        PREFETCH_TO_L2(w + PREFETCH_BYTES);
+        PREFETCH_TO_L2(w + PREFETCH_BYTES + 64);
         for (int r = 0; r < rows; r++) {
             const __m256i x = _mm256_set1_epi32(four_bytes(values + r * padded_in + j));
             const __m256i y = _mm256_set1_epi32(four_bytes(values + r * padded_in + j + 4));
