@@ -2,7 +2,7 @@
 """Benchmark the engine on a ~30M-parameter GLM-4 it builds, against transformers, offline and through Triton.
 
     .venv/bin/python scripts/bench_engine.py [--num-requests 32] [--repeat 3] [--json bench.json] [--skip-server]
-                                             [--runs engine_offline,...] [--model-dir DIR]
+                                             [--runs engine_offline,...] [--model-dir DIR] [--client asyncio]
 
 (run ./scripts/setup_env.sh requirements-test.txt once first: it installs transformers, the baseline). It measures, on one fixed, seeded mix
 of prompt lengths (16-512 tokens) and output lengths (16-256), every request running to its own length:
@@ -12,8 +12,9 @@ of prompt lengths (16-512 tokens) and output lengths (16-256), every request run
     in oneDNN and torch instead of the C kernels (engine_offline_torch_layers), and sampling with GLM-4's
     default temperature 0.8 and top_p 0.8), of transformers' generate() (greedy)
     (a) one request at a time and (b) in static left-padded batches of --batch-size, and of the engine through
-    the real tritonserver with one streaming gRPC client per request, all at once (float32, and int8: the int8 runs
-    are compared with the float32 ones of the same round);
+    the real tritonserver with one gRPC stream per request, all at once, from one asyncio loop (--client threads:
+    a thread and a channel a stream) (float32, and int8: the int8 runs are compared with the float32 ones of the
+    same round);
   - time to first token and inter-token latency (P50/P99) of the Triton run, as its clients see them;
   - KV waste at the engine's peak: allocated minus used token slots, over allocated;
   - the prefix-cache speed-up: time to first token of a request with a 1,000-token prefix, cold and then warm;
@@ -159,66 +160,113 @@ def bench_prefix_cache(model_dir: str, prefix_len: int = 1000) -> dict:
 
 
 def bench_triton(model_dir: str, requests, outputs=("output_ids", "sequence_length"),
-                 quantization: str = "none") -> dict:
-    """One gRPC streaming client per request against the glm model, all started at once. Like TensorRT-LLM's
-    streaming client, each asks for the outputs it reads (None: all of them)."""
-    import tritonclient.grpc as grpcclient
-
+                 quantization: str = "none", client: str = "asyncio") -> dict:
+    """One gRPC stream per request against the glm model, all started at once. Like TensorRT-LLM's streaming client,
+    each asks for the outputs it reads (None: all of them). With client "asyncio" (the default) the streams share
+    one channel and one event loop, as a load generator's do; with "threads", each has a client, a channel and a
+    thread of its own (tritonclient.grpc's callback streams), which on a small machine take CPU from the server:
+    docs/performance.md measured both."""
     work_dir = tempfile.mkdtemp()
     log_path = os.path.join(work_dir, "tritonserver.log")
     repository = model_repository_with({"quantization": quantization}, work_dir)
+    run_clients = {"asyncio": _asyncio_clients, "threads": _threaded_clients}[client]
     with TritonServer(free_port(), free_port(), free_port(), model_dir=model_dir, log_path=log_path,
                       model_repository=repository) as server:
         server.wait_ready()
-        results = [None] * len(requests)
-        barrier = threading.Barrier(len(requests) + 1)
-
-        def client(index: int) -> None:
-            prompt, length = requests[index]
-            tensors = [("input_ids", np.array([prompt], np.int32), "INT32"),
-                       ("input_lengths", np.array([[len(prompt)]], np.int32), "INT32"),
-                       ("request_output_len", np.array([[length]], np.int32), "INT32"),
-                       ("streaming", np.array([[True]]), "BOOL"), ("ignore_eos", np.array([[True]]), "BOOL")]
-            inputs = []
-            for name, array, datatype in tensors:
-                inputs.append(grpcclient.InferInput(name, list(array.shape), datatype))
-                inputs[-1].set_data_from_numpy(array)
-            arrivals: queue.Queue = queue.Queue()
-            connection = grpcclient.InferenceServerClient(server.grpc_url)
-            connection.start_stream(callback=lambda result, error: arrivals.put((time.perf_counter(), result, error)))
-            barrier.wait()
-            sent, times, tokens = time.perf_counter(), [], 0
-            connection.async_stream_infer("glm", inputs, enable_empty_final_response=True, outputs=None if outputs is None
-                                          else [grpcclient.InferRequestedOutput(name) for name in outputs])
-            while True:
-                when, result, error = arrivals.get(timeout=600)
-                if error is not None:
-                    raise error
-                response = result.get_response()
-                if response.outputs:
-                    count = int(result.as_numpy("sequence_length").reshape(-1)[0])
-                    tokens += count
-                    times += [when] * max(count, 1)
-                if response.parameters["triton_final_response"].bool_param:
-                    break
-            connection.stop_stream()
-            connection.close()
-            results[index] = (sent, times, tokens)
-
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(len(requests))]
-        for thread in threads:
-            thread.start()
-        barrier.wait()
-        started = time.perf_counter()
-        for thread in threads:
-            thread.join()
-        elapsed = time.perf_counter() - started
+        elapsed, results = run_clients(server.grpc_url, [_stream_request(prompt, length, outputs)
+                                                         for prompt, length in requests])
     ttft = [times[0] - sent for sent, times, _ in results]
     itl = [later - earlier for _, times, _ in results for earlier, later in zip(times, times[1:])]
     tokens = sum(count for *_, count in results)
-    return {"clients": len(requests), "output_tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed,
-            "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
+    return {"clients": len(requests), "client": client, "output_tokens": tokens, "seconds": elapsed,
+            "tokens_per_s": tokens / elapsed, "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
             "itl_p50_s": percentile(itl, 50), "itl_p99_s": percentile(itl, 99)}
+
+
+def _stream_request(prompt: list[int], length: int, outputs) -> dict:
+    """The glm request of one benchmark client, as tritonclient's stream calls take it."""
+    import tritonclient.grpc as grpcclient
+
+    inputs = []
+    for name, array, datatype in (("input_ids", np.array([prompt], np.int32), "INT32"),
+                                  ("input_lengths", np.array([[len(prompt)]], np.int32), "INT32"),
+                                  ("request_output_len", np.array([[length]], np.int32), "INT32"),
+                                  ("streaming", np.array([[True]]), "BOOL"), ("ignore_eos", np.array([[True]]), "BOOL")):
+        inputs.append(grpcclient.InferInput(name, list(array.shape), datatype))
+        inputs[-1].set_data_from_numpy(array)
+    return {"model_name": "glm", "inputs": inputs,
+            "outputs": None if outputs is None else [grpcclient.InferRequestedOutput(name) for name in outputs]}
+
+
+def _tokens_in(result) -> int:
+    """The tokens a streamed response carries (sequence_length; 0 for an empty final response)."""
+    return int(result.as_numpy("sequence_length").reshape(-1)[0]) if result.get_response().outputs else 0
+
+
+def _asyncio_clients(url: str, requests: list[dict]) -> tuple[float, list]:
+    """(seconds until the last stream ended, (sent, arrival time of each token, tokens) a request)."""
+    import asyncio
+
+    import tritonclient.grpc.aio as grpcaio
+
+    async def one(connection, request: dict):
+        async def send():
+            yield request
+
+        sent, times, tokens = time.perf_counter(), [], 0
+        async for result, error in connection.stream_infer(send()):
+            when = time.perf_counter()
+            if error is not None:
+                raise error
+            count = _tokens_in(result)
+            tokens += count
+            times += [when] * count
+        return sent, times, tokens
+
+    async def main():
+        async with grpcaio.InferenceServerClient(url) as connection:
+            started = time.perf_counter()
+            results = await asyncio.gather(*(one(connection, request) for request in requests))
+            return time.perf_counter() - started, results
+
+    return asyncio.run(main())
+
+
+def _threaded_clients(url: str, requests: list[dict]) -> tuple[float, list]:
+    """_asyncio_clients' results, from a thread, a client and a channel a request."""
+    import tritonclient.grpc as grpcclient
+
+    results = [None] * len(requests)
+    barrier = threading.Barrier(len(requests) + 1)
+
+    def client(index: int) -> None:
+        arrivals: queue.Queue = queue.Queue()
+        connection = grpcclient.InferenceServerClient(url)
+        connection.start_stream(callback=lambda result, error: arrivals.put((time.perf_counter(), result, error)))
+        barrier.wait()
+        sent, times, tokens = time.perf_counter(), [], 0
+        connection.async_stream_infer(**requests[index], enable_empty_final_response=True)
+        while True:
+            when, result, error = arrivals.get(timeout=600)
+            if error is not None:
+                raise error
+            count = _tokens_in(result)
+            tokens += count
+            times += [when] * count
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+        connection.stop_stream()
+        connection.close()
+        results[index] = (sent, times, tokens)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(requests))]
+    for thread in threads:
+        thread.start()
+    barrier.wait()
+    started = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    return time.perf_counter() - started, results
 
 
 # The runs whose output tokens/s are compared, in the order of the table.
@@ -235,7 +283,7 @@ PAIRS = (("engine_offline_int8", "engine_offline", "vs_float32"),
 BASELINES = ("transformers_one_at_a_time", "transformers_static_batches")
 
 
-def measurements(model_dir: str, requests, batch_size: int) -> dict:
+def measurements(model_dir: str, requests, batch_size: int, client: str = "asyncio") -> dict:
     """Every measurement by name, in the order a round runs them."""
     return {
         "engine_offline": lambda: bench_engine_offline(model_dir, requests),
@@ -248,8 +296,8 @@ def measurements(model_dir: str, requests, batch_size: int) -> dict:
         "transformers_one_at_a_time": lambda: bench_transformers(model_dir, requests, 1),
         "transformers_static_batches": lambda: bench_transformers(model_dir, requests, batch_size),
         "prefix_cache": lambda: bench_prefix_cache(model_dir),
-        "engine_through_triton": lambda: bench_triton(model_dir, requests),
-        "engine_through_triton_int8": lambda: bench_triton(model_dir, requests, quantization="int8"),
+        "engine_through_triton": lambda: bench_triton(model_dir, requests, client=client),
+        "engine_through_triton_int8": lambda: bench_triton(model_dir, requests, quantization="int8", client=client),
     }
 
 
@@ -355,6 +403,9 @@ def main(argv: list[str] | None = None) -> int:
                                        "transformers_one_at_a_time, transformers_static_batches, prefix_cache, "
                                        "matmul_peak, "
                                        "engine_through_triton, engine_through_triton_int8")
+    parser.add_argument("--client", choices=("asyncio", "threads"), default="asyncio",
+                        help="the through-Triton runs' clients: one asyncio loop and channel for all streams, or a "
+                             "thread and a channel a stream (bench_triton)")
     parser.add_argument("--model-dir", help="benchmark this checkpoint instead of building the benchmark model "
                                             "(prompts are drawn from its vocabulary)")
     args = parser.parse_args(argv)
@@ -366,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     config = ModelConfig.from_checkpoint(model_dir)
     requests = workload(args.num_requests, vocab=config.vocab_size)
     flops = model_flops(config, requests)
-    runs = measurements(model_dir, requests, args.batch_size)
+    runs = measurements(model_dir, requests, args.batch_size, args.client)
     names = args.runs.split(",") if args.runs else [n for n in runs if not (args.skip_server and "triton" in n)]
     unknown = sorted(set(names) - set(runs))
     if unknown:

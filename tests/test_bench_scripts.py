@@ -52,6 +52,19 @@ def test_bench_engine_offline_counts_every_requested_token_in_every_variant(demo
     assert written["model_flops"] > 0 and 0 < written["summary"]["engine_offline"]["of_matmul_peak"]
 
 
+@pytest.mark.parametrize("client", ["asyncio", "threads"])
+def test_bench_engine_through_triton_counts_every_token_with_either_client(demo_model_dir, tmp_path, client):
+    out = tmp_path / "bench.json"
+    run_script("bench_engine.py", "--model-dir", demo_model_dir, "--num-requests", "3", "--client", client,
+               "--runs", "engine_through_triton", "--json", str(out))
+    written = json.loads(out.read_text())
+    (results,) = written["rounds"]
+    run = results["engine_through_triton"]
+    assert run["client"] == client and run["clients"] == 3
+    assert run["output_tokens"] == written["requested_output_tokens"]
+    assert 0 < run["ttft_p50_s"] <= run["ttft_p99_s"] and 0 <= run["itl_p50_s"] <= run["itl_p99_s"]
+
+
 def test_bench_quantization_measures_perplexity_agreement_and_memory(tmp_path):
     out = tmp_path / "quality.json"
     run_script("bench_quantization.py", "--windows", "2", "--prompts", "3", "--max-tokens", "4",
