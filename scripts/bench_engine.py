@@ -15,7 +15,8 @@ of prompt lengths (16-512 tokens) and output lengths (16-256), every request run
     the real tritonserver with one gRPC stream per request, all at once, from one asyncio loop (--client threads:
     a thread and a channel a stream) (float32, and int8: the int8 runs are compared with the float32 ones of the
     same round);
-  - time to first token and inter-token latency (P50/P99) of the Triton run, as its clients see them;
+  - time to first token and inter-token latency (P50/P99) of the Triton run, as its clients see them, and the CPU
+    seconds the server, glm's stub, the other models' stubs and the clients used during it;
   - KV waste at the engine's peak: allocated minus used token slots, over allocated;
   - the prefix-cache speed-up: time to first token of a request with a 1,000-token prefix, cold and then warm;
   - each run's model GFLOP/s (the workload's FLOPs over its time: model_flops) and, with the matmul_peak run, its
@@ -30,6 +31,7 @@ import argparse
 import json
 import os
 import queue
+import resource
 import sys
 import tempfile
 import threading
@@ -173,14 +175,32 @@ def bench_triton(model_dir: str, requests, outputs=("output_ids", "sequence_leng
     with TritonServer(free_port(), free_port(), free_port(), model_dir=model_dir, log_path=log_path,
                       model_repository=repository) as server:
         server.wait_ready()
-        elapsed, results = run_clients(server.grpc_url, [_stream_request(prompt, length, outputs)
-                                                         for prompt, length in requests])
+        stream_requests = [_stream_request(prompt, length, outputs) for prompt, length in requests]
+        cpu_before = _cpu_seconds(server)
+        elapsed, results = run_clients(server.grpc_url, stream_requests)
+        cpu = {part: round(seconds - cpu_before[part], 2) for part, seconds in _cpu_seconds(server).items()}
     ttft = [times[0] - sent for sent, times, _ in results]
     itl = [later - earlier for _, times, _ in results for earlier, later in zip(times, times[1:])]
     tokens = sum(count for *_, count in results)
     return {"clients": len(requests), "client": client, "output_tokens": tokens, "seconds": elapsed,
             "tokens_per_s": tokens / elapsed, "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
-            "itl_p50_s": percentile(itl, 50), "itl_p99_s": percentile(itl, 99)}
+            "itl_p50_s": percentile(itl, 50), "itl_p99_s": percentile(itl, 99), "cpu_s": cpu}
+
+
+def _cpu_seconds(server: TritonServer) -> dict[str, float]:
+    """CPU seconds used so far by the server's own process, glm's stub, the other models' stubs and this process (the
+    clients): on a machine that runs them all, what the server and the clients take is taken from the engine."""
+    def used(pid: int) -> float:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+    stubs = server.stub_processes()
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    return {"server": used(server.process.pid),
+            "glm": sum(used(pid) for pid, stub in stubs.items() if stub.model == "glm"),
+            "other_models": sum(used(pid) for pid, stub in stubs.items() if stub.model != "glm"),
+            "clients": own.ru_utime + own.ru_stime}
 
 
 def _stream_request(prompt: list[int], length: int, outputs) -> dict:
@@ -335,6 +355,8 @@ def summarize(rounds: list[dict], flops: float) -> dict:
         if name in done:
             summary[name].update({key: median([r[name][key] for r in rounds])
                                   for key in ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s")})
+            summary[name]["cpu_s"] = {part: median([r[name]["cpu_s"][part] for r in rounds])
+                                      for part in rounds[0][name]["cpu_s"]}
     for run, reference, ratio in PAIRS:
         if {run, reference} <= done:
             summary[run][ratio] = median([r[run]["tokens_per_s"] / r[reference]["tokens_per_s"] for r in rounds])
@@ -373,7 +395,8 @@ def print_summary(summary: dict, num_rounds: int) -> None:
             t = summary[name]
             label = " (int8)" if name.endswith("int8") else ""
             print(f"\nThrough Triton{label}: TTFT P50 {t['ttft_p50_s'] * 1000:.0f} ms, P99 {t['ttft_p99_s'] * 1000:.0f} "
-                  f"ms; ITL P50 {t['itl_p50_s'] * 1000:.0f} ms, P99 {t['itl_p99_s'] * 1000:.0f} ms")
+                  f"ms; ITL P50 {t['itl_p50_s'] * 1000:.0f} ms, P99 {t['itl_p99_s'] * 1000:.0f} ms; CPU seconds "
+                  + ", ".join(f"{part} {seconds:.2f}" for part, seconds in t["cpu_s"].items()))
     for run, reference, ratio in PAIRS:
         if ratio in summary.get(run, {}):
             print(f"{run}: {summary[run][ratio]:.2f}x the output tokens/s of {reference}")

@@ -63,6 +63,7 @@ def test_bench_engine_through_triton_counts_every_token_with_either_client(demo_
     assert run["client"] == client and run["clients"] == 3
     assert run["output_tokens"] == written["requested_output_tokens"]
     assert 0 < run["ttft_p50_s"] <= run["ttft_p99_s"] and 0 <= run["itl_p50_s"] <= run["itl_p99_s"]
+    assert run["cpu_s"]["glm"] > 0 and run["cpu_s"]["clients"] > 0 and run["cpu_s"]["server"] >= 0
 
 
 def test_bench_quantization_measures_perplexity_agreement_and_memory(tmp_path):
