@@ -66,6 +66,18 @@ def test_bench_engine_through_triton_counts_every_token_with_either_client(demo_
     assert run["cpu_s"]["glm"] > 0 and run["cpu_s"]["clients"] > 0 and run["cpu_s"]["server"] >= 0
 
 
+def test_bench_contention_runs_quiet_and_contended_and_measures_the_competitor(demo_model_dir, tmp_path):
+    out = tmp_path / "contention.json"
+    run_script("bench_contention.py", "--model-dir", demo_model_dir, "--num-requests", "3", "--rounds", "1",
+               "--quantization", "none", "--busy-ms", "0.5", "--period-ms", "1", "--json", str(out))
+    written = json.loads(out.read_text())
+    (row,) = written["rounds"]
+    assert row["output_tokens"] == [written["requested_output_tokens"]] * 2
+    assert row["quiet_tokens_per_s"] > 0 and row["contended_tokens_per_s"] > 0
+    # The competitor busy-waits half of every millisecond: it took a real share of the machine.
+    assert 0.05 < row["competitor_share"] * written["cores"]
+
+
 def test_bench_quantization_measures_perplexity_agreement_and_memory(tmp_path):
     out = tmp_path / "quality.json"
     run_script("bench_quantization.py", "--windows", "2", "--prompts", "3", "--max-tokens", "4",
