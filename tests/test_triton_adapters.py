@@ -3,6 +3,7 @@ the responses carry is tested without Triton in test_output_processor.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import sys
@@ -15,10 +16,12 @@ from support import fake_pb_utils
 fake_pb_utils.install(sys.modules)
 
 from glm_engine import FinishReason, RequestOutput  # noqa: E402
+from glm_engine.engine import EngineStats  # noqa: E402
 from glm_engine.output_processor import OutputProcessor  # noqa: E402
 from glm_engine.tokenizer import GlmTokenizer  # noqa: E402
 from triton_glm.common import InputError  # noqa: E402
 from triton_glm.glm import OpenAnswers, ResponseStream  # noqa: E402
+from triton_glm.metrics import EngineMetrics  # noqa: E402
 from triton_glm.request_params import sampling_params  # noqa: E402
 
 FINAL = fake_pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -248,3 +251,30 @@ def test_the_outbox_sends_in_order_survives_a_failing_send_and_drains_on_close()
     outbox.close()  # returns once everything queued before it was sent
     assert first.sent == [(f"response {i}", 0) for i in range(1, 50, 2)] + [(None, FINAL)]
     assert second.sent == [(f"response {i}", 0) for i in range(0, 50, 2)]
+
+
+def test_engine_metrics_send_only_the_figures_that_changed():
+    """Each set or increment is a round trip to the server's process, made between steps: a step that changes two
+    figures sends two, and the published values stay those of the engine."""
+    metrics = EngineMetrics("glm", "1")
+    calls = fake_pb_utils.metric_calls
+    stats = EngineStats(kv_blocks_used=0, kv_blocks_total=64, running=0, waiting=0, preemptions=0,
+                        prefix_queried_tokens=0, prefix_hit_tokens=0, prompt_tokens=0, generated_tokens=0, refused=0)
+    calls.clear()
+    metrics.update(stats)  # the first update publishes every gauge; counters at zero have nothing to add
+    assert sorted(name for name, _, op, _ in calls) == ["glm_kv_blocks_total", "glm_kv_blocks_used",
+                                                        "glm_num_requests_running", "glm_num_requests_waiting"]
+    calls.clear()
+    metrics.update(stats)
+    assert calls == []
+    step = dataclasses.replace(stats, kv_blocks_used=3, running=2, prompt_tokens=40, generated_tokens=2,
+                               prefix_queried_tokens=40, prefix_hit_tokens=10)
+    metrics.update(step)
+    assert {(name, op, value) for name, _, op, value in calls} == {
+        ("glm_kv_blocks_used", "set", 3), ("glm_num_requests_running", "set", 2),
+        ("glm_prompt_tokens_total", "increment", 40), ("glm_generation_tokens_total", "increment", 2),
+        ("glm_prefix_cache_queried_tokens_total", "increment", 40),
+        ("glm_prefix_cache_hit_tokens_total", "increment", 10), ("glm_prefix_cache_hit_rate", "set", 0.25)}
+    calls.clear()
+    metrics.update(dataclasses.replace(step, generated_tokens=4))  # a decode step: one token more each
+    assert [(name, op, value) for name, _, op, value in calls] == [("glm_generation_tokens_total", "increment", 2)]

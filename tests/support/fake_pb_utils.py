@@ -27,6 +27,31 @@ class InferenceResponse:
         self.error = error
 
 
+metric_calls = []  # (family name, labels, "set" | "increment" | "observe", value), in the order made
+
+
+class MetricFamily:
+    COUNTER, GAUGE, HISTOGRAM = "COUNTER", "GAUGE", "HISTOGRAM"
+
+    def __init__(self, name, description, kind):
+        self.name = name
+
+    def Metric(self, labels, buckets=None):
+        family = self.name
+
+        class Metric:
+            def set(self, value):
+                metric_calls.append((family, labels, "set", value))
+
+            def increment(self, value):
+                metric_calls.append((family, labels, "increment", value))
+
+            def observe(self, value):
+                metric_calls.append((family, labels, "observe", value))
+
+        return Metric()
+
+
 def get_input_tensor_by_name(request, name):
     return request.get(name)
 

@@ -56,16 +56,26 @@ class EngineMetrics:
         self.histograms = {key: family(name, text, M.HISTOGRAM).Metric(labels=labels, buckets=LATENCY_BUCKETS)
                            for key, (name, text) in HISTOGRAMS.items()}
         self._last = {key: 0 for key in COUNTERS}
+        self._last_set: dict[str, float] = {}  # gauges' values as last set
 
     def update(self, stats: EngineStats) -> None:
+        """Publish the engine's figures after a step. Each set or increment is a round trip to the server's process,
+        made on the engine thread between steps: only the figures that changed are sent (two or so a decode step,
+        of eleven)."""
         for key, metric in self.gauges.items():
-            metric.set(getattr(stats, key))
+            self._set(key, metric, getattr(stats, key))
         for key, metric in self.counters.items():
             value = getattr(stats, key)
-            metric.increment(value - self._last[key])
-            self._last[key] = value
+            if value != self._last[key]:
+                metric.increment(value - self._last[key])
+                self._last[key] = value
         if stats.prefix_queried_tokens:
-            self.hit_rate.set(stats.prefix_hit_tokens / stats.prefix_queried_tokens)
+            self._set("hit_rate", self.hit_rate, stats.prefix_hit_tokens / stats.prefix_queried_tokens)
+
+    def _set(self, key: str, gauge, value: float) -> None:
+        if self._last_set.get(key) != value:
+            gauge.set(value)
+            self._last_set[key] = value
 
     def record(self, latencies: list[tuple[str, float]], finish_reason: str | None) -> None:
         """A request's latencies observed now ("ttft", "itl", "latency"), and its finish reason if it just ended."""
