@@ -25,10 +25,11 @@ import time
 
 import numpy as np
 
-from bench_engine import bench_engine_offline, workload
+from bench_engine import bench_engine_offline, process_cpu_seconds, workload
 from glm_engine.config import ModelConfig
 from glm_tools.demo_model import BENCH_ARCHITECTURE, build_demo_model
 
+CORES = len(os.sched_getaffinity(0))
 COMPETITOR = """
 import sys, time
 busy, period = float(sys.argv[1]) / 1e3, float(sys.argv[2]) / 1e3
@@ -40,24 +41,18 @@ while True:
 """
 
 
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-
-
 def contended_run(model_dir: str, requests, quantization: str, busy_ms: float, period_ms: float) -> dict:
     competitor = subprocess.Popen([sys.executable, "-c", COMPETITOR, str(busy_ms), str(period_ms)])
     try:
         time.sleep(0.3)  # past the competitor's interpreter start-up, which is not the load measured
-        before = cpu_seconds(competitor.pid)
+        before = process_cpu_seconds(competitor.pid)
         result = bench_engine_offline(model_dir, requests, quantization=quantization)
-        taken = cpu_seconds(competitor.pid) - before
+        taken = process_cpu_seconds(competitor.pid) - before
     finally:
         competitor.kill()
         competitor.wait()
     return {**result, "competitor_cpu_s": taken,
-            "competitor_share": taken / (result["seconds"] * len(os.sched_getaffinity(0)))}
+            "competitor_share": taken / (result["seconds"] * CORES)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,9 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = args.model_dir or build_demo_model(os.path.join(tempfile.mkdtemp(), "glm-bench"),
                                                    architecture=BENCH_ARCHITECTURE)
     requests = workload(args.num_requests, vocab=ModelConfig.from_checkpoint(model_dir).vocab_size)
+    quantizations = args.quantization.split(",")
     rows = []
     for index in range(args.rounds):
-        for quantization in args.quantization.split(","):
+        for quantization in quantizations:
             quiet = bench_engine_offline(model_dir, requests, quantization=quantization)
             contended = contended_run(model_dir, requests, quantization, args.busy_ms, args.period_ms)
             row = {"round": index + 1, "quantization": quantization, "quiet_tokens_per_s": quiet["tokens_per_s"],
@@ -92,13 +88,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"contended {row['contended_tokens_per_s']:.0f} ({row['contended_vs_quiet']:.2f}x) with the "
                   f"competitor taking {row['competitor_share']:.1%} of the machine (that share alone would leave "
                   f"{row['share_alone_would_leave']:.2f}x)", flush=True)
-    for quantization in args.quantization.split(","):
+    for quantization in quantizations:
         mine = [row for row in rows if row["quantization"] == quantization]
         print(f"{quantization}: contended / quiet, median {np.median([r['contended_vs_quiet'] for r in mine]):.2f}x, "
               f"against {np.median([r['share_alone_would_leave'] for r in mine]):.2f}x for the share alone")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"busy_ms": args.busy_ms, "period_ms": args.period_ms, "cores": len(os.sched_getaffinity(0)),
+            json.dump({"busy_ms": args.busy_ms, "period_ms": args.period_ms, "cores": CORES,
                        "requested_output_tokens": sum(n for _, n in requests), "rounds": rows}, f, indent=2)
         print(f"[contention] wrote {args.json}")
     return 0

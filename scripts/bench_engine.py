@@ -187,19 +187,21 @@ def bench_triton(model_dir: str, requests, outputs=("output_ids", "sequence_leng
             "itl_p50_s": percentile(itl, 50), "itl_p99_s": percentile(itl, 99), "cpu_s": cpu}
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """The CPU seconds a process has used so far (user and system, from /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
 def _cpu_seconds(server: TritonServer) -> dict[str, float]:
     """CPU seconds used so far by the server's own process, glm's stub, the other models' stubs and this process (the
     clients): on a machine that runs them all, what the server and the clients take is taken from the engine."""
-    def used(pid: int) -> float:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-
     stubs = server.stub_processes()
     own = resource.getrusage(resource.RUSAGE_SELF)
-    return {"server": used(server.process.pid),
-            "glm": sum(used(pid) for pid, stub in stubs.items() if stub.model == "glm"),
-            "other_models": sum(used(pid) for pid, stub in stubs.items() if stub.model != "glm"),
+    return {"server": process_cpu_seconds(server.process.pid),
+            "glm": sum(process_cpu_seconds(pid) for pid, stub in stubs.items() if stub.model == "glm"),
+            "other_models": sum(process_cpu_seconds(pid) for pid, stub in stubs.items() if stub.model != "glm"),
             "clients": own.ru_utime + own.ru_stime}
 
 
