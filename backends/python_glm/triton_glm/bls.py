@@ -14,7 +14,7 @@ import triton_python_backend_utils as pb_utils
 from glm_engine.tokenizer import GlmTokenizer
 
 from .common import CODE_IN_MESSAGE, InputError, check_prompt, cut_to_text_length, error_from_callee, \
-    error_response, internal_error, optional_scalar, required_array, resolve_model_dir, text_of
+    error_response, exec_latest, internal_error, optional_scalar, required_array, resolve_model_dir, text_of
 from .request_params import sampling_parameters_json
 from .request_schema import INPUTS_BY_NAME, REQUEST_OUTPUTS
 
@@ -84,7 +84,7 @@ class Bls:
         logprobs: list[float] = []
         text_length = -1
         last = {}
-        for response in engine_request.exec(decoupled=True):
+        for response in exec_latest(engine_request):
             if response.has_error():
                 return pb_utils.InferenceResponse(output_tensors=[], error=error_from_callee(response.error()))
             if not response.output_tensors():  # the empty final flag

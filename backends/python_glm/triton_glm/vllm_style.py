@@ -20,8 +20,9 @@ import triton_python_backend_utils as pb_utils
 
 from glm_engine.tokenizer import GlmTokenizer
 
-from .common import (CODE_IN_MESSAGE, InputError, callee_error, check_prompt, error_response, internal_error,
-                     optional_scalar, request_parameters, required_array, resolve_model_dir, send_now, text_of)
+from .common import (CODE_IN_MESSAGE, InputError, callee_error, check_prompt, error_response, exec_latest,
+                     internal_error, optional_scalar, request_parameters, required_array, resolve_model_dir, send_now,
+                     text_of)
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ class VllmStyleModel:
         sent_tokens: dict[int, int] = {}  # per answer: output tokens reported so far (vllm reports each response's)
         finished = stopped = False
         try:
-            for response in glm_request.exec(decoupled=True):
+            for response in exec_latest(glm_request):
                 if finished or stopped:
                     continue
                 if sender.is_cancelled() and request_id:  # the client went away: end the request in the engine
