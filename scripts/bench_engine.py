@@ -14,7 +14,7 @@ of prompt lengths (16-512 tokens) and output lengths (16-256), every request run
     (a) one request at a time and (b) in static left-padded batches of --batch-size, and of the engine through
     the real tritonserver with one gRPC stream per request, all at once, from one asyncio loop (--client threads:
     a thread and a channel a stream) (float32, and int8: the int8 runs are compared with the float32 ones of the
-    same round);
+    same round; each also with inter_token_latency_metric per_request, compared with the default per_token);
   - time to first token and inter-token latency (P50/P99) of the Triton run, as its clients see them, and the CPU
     seconds the server, glm's stub, the other models' stubs and the clients used during it;
   - KV waste at the engine's peak: allocated minus used token slots, over allocated;
@@ -162,15 +162,15 @@ def bench_prefix_cache(model_dir: str, prefix_len: int = 1000) -> dict:
 
 
 def bench_triton(model_dir: str, requests, outputs=("output_ids", "sequence_length"),
-                 quantization: str = "none", client: str = "asyncio") -> dict:
-    """One gRPC stream per request against the glm model, all started at once. Like TensorRT-LLM's streaming client,
-    each asks for the outputs it reads (None: all of them). With client "asyncio" (the default) the streams share
-    one channel and one event loop, as a load generator's do; with "threads", each has a client, a channel and a
-    thread of its own (tritonclient.grpc's callback streams), which on a small machine take CPU from the server:
-    docs/performance.md measured both."""
+                 parameters: dict[str, str] | None = None, client: str = "asyncio") -> dict:
+    """One gRPC stream per request against the glm model (with these engine `parameters` over config.pbtxt's), all
+    started at once. Like TensorRT-LLM's streaming client, each asks for the outputs it reads (None: all of them).
+    With client "asyncio" (the default) the streams share one channel and one event loop, as a load generator's do;
+    with "threads", each has a client, a channel and a thread of its own (tritonclient.grpc's callback streams),
+    which on a small machine take CPU from the server: docs/performance.md measured both."""
     work_dir = tempfile.mkdtemp()
     log_path = os.path.join(work_dir, "tritonserver.log")
-    repository = model_repository_with({"quantization": quantization}, work_dir)
+    repository = model_repository_with(parameters or {}, work_dir)
     run_clients = {"asyncio": _asyncio_clients, "threads": _threaded_clients}[client]
     with TritonServer(free_port(), free_port(), free_port(), model_dir=model_dir, log_path=log_path,
                       model_repository=repository) as server:
@@ -292,17 +292,23 @@ def _threaded_clients(url: str, requests: list[dict]) -> tuple[float, list]:
 
 
 # The runs whose output tokens/s are compared, in the order of the table.
-RUNS = ("engine_through_triton", "engine_through_triton_int8", "engine_offline", "engine_offline_int8",
+RUNS = ("engine_through_triton", "engine_through_triton_int8", "engine_through_triton_itl_per_request",
+        "engine_through_triton_int8_itl_per_request", "engine_offline", "engine_offline_int8",
         "engine_offline_tp2", "engine_offline_torch_attention", "engine_offline_torch_layers", "engine_offline_sampled",
         "transformers_static_batches",
         "transformers_one_at_a_time")
+THROUGH_TRITON = tuple(name for name in RUNS if "through_triton" in name)
 # Runs against another run of the same round: (run, the run it is compared with, the ratio's name).
 PAIRS = (("engine_offline_int8", "engine_offline", "vs_float32"),
          ("engine_through_triton_int8", "engine_through_triton", "vs_float32"),
+         ("engine_through_triton_itl_per_request", "engine_through_triton", "vs_itl_per_token"),
+         ("engine_through_triton_int8_itl_per_request", "engine_through_triton_int8", "vs_itl_per_token"),
          ("engine_offline_tp2", "engine_offline", "vs_one_rank"),
          ("engine_offline", "engine_offline_torch_attention", "vs_torch_attention"),
          ("engine_offline", "engine_offline_torch_layers", "vs_torch_layers"))
 BASELINES = ("transformers_one_at_a_time", "transformers_static_batches")
+INT8 = {"quantization": "int8"}
+PER_REQUEST = {"inter_token_latency_metric": "per_request"}
 
 
 def measurements(model_dir: str, requests, batch_size: int, client: str = "asyncio") -> dict:
@@ -319,7 +325,12 @@ def measurements(model_dir: str, requests, batch_size: int, client: str = "async
         "transformers_static_batches": lambda: bench_transformers(model_dir, requests, batch_size),
         "prefix_cache": lambda: bench_prefix_cache(model_dir),
         "engine_through_triton": lambda: bench_triton(model_dir, requests, client=client),
-        "engine_through_triton_int8": lambda: bench_triton(model_dir, requests, quantization="int8", client=client),
+        "engine_through_triton_int8": lambda: bench_triton(model_dir, requests, parameters=INT8, client=client),
+        # What observing the inter-token latency at every token costs (docs/operations.md#metrics)
+        "engine_through_triton_itl_per_request": lambda: bench_triton(model_dir, requests, parameters=PER_REQUEST,
+                                                                      client=client),
+        "engine_through_triton_int8_itl_per_request": lambda: bench_triton(
+            model_dir, requests, parameters={**INT8, **PER_REQUEST}, client=client),
     }
 
 
@@ -353,7 +364,7 @@ def summarize(rounds: list[dict], flops: float) -> dict:
         for baseline, key in zip(BASELINES, ("vs_one_at_a_time", "vs_static_batches")):
             if baseline in done:
                 summary[name][key] = median([r[name]["tokens_per_s"] / r[baseline]["tokens_per_s"] for r in rounds])
-    for name in ("engine_through_triton", "engine_through_triton_int8"):
+    for name in THROUGH_TRITON:
         if name in done:
             summary[name].update({key: median([r[name][key] for r in rounds])
                                   for key in ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s")})
@@ -392,11 +403,10 @@ def print_summary(summary: dict, num_rounds: int) -> None:
             print(f"| {name} | {rate} | {row['model_gflop_per_s']:.0f} | {peak} | {' | '.join(ratios)} |")
     if "matmul_peak_gflop_per_s" in summary:
         print(f"\nfloat32 matmul peak here (2048 x 2048 products): {summary['matmul_peak_gflop_per_s']:.0f} GFLOP/s")
-    for name in ("engine_through_triton", "engine_through_triton_int8"):
+    for name in THROUGH_TRITON:
         if name in summary:
             t = summary[name]
-            label = " (int8)" if name.endswith("int8") else ""
-            print(f"\nThrough Triton{label}: TTFT P50 {t['ttft_p50_s'] * 1000:.0f} ms, P99 {t['ttft_p99_s'] * 1000:.0f} "
+            print(f"\n{name}: TTFT P50 {t['ttft_p50_s'] * 1000:.0f} ms, P99 {t['ttft_p99_s'] * 1000:.0f} "
                   f"ms; ITL P50 {t['itl_p50_s'] * 1000:.0f} ms, P99 {t['itl_p99_s'] * 1000:.0f} ms; CPU seconds "
                   + ", ".join(f"{part} {seconds:.2f}" for part, seconds in t["cpu_s"].items()))
     for run, reference, ratio in PAIRS:

@@ -87,6 +87,8 @@ def test_engine_parameters_from_strings():
         EngineConfig.from_parameters({"max_num_seqs": "many"})
     with pytest.raises(ValueError, match="power of two"):
         EngineConfig.from_parameters({"block_size": "12"})
+    with pytest.raises(ValueError, match="inter_token_latency_metric must be per_token or per_request, got 'each'"):
+        EngineConfig.from_parameters({"inter_token_latency_metric": "each"})
 
 
 def test_rotary_settings_at_the_top_level_are_read():

@@ -185,7 +185,23 @@ def test_latencies_and_the_finish_reason_are_reported(tokenizer):
     now[0] = 10.75
     last = processor.process(output([41], finished=True, reason=FinishReason.LENGTH))
     assert first.latencies == [("ttft", 0.5)] and first.finish_reason is None
-    assert last.latencies == [("itl", 0.25), ("latency", 0.75)] and last.finish_reason == "length"
+    assert last.latencies == [("itl", 0.25), ("latency", 0.75), ("itl_mean", 0.25)]
+    assert last.finish_reason == "length"
+
+
+def test_the_mean_time_between_tokens_counts_tokens_not_outputs(tokenizer):
+    now = [0.0]
+    processor = OutputProcessor(tokenizer, [1], True, False, clock=lambda: now[0])
+    for at, ids in ((1.0, [40]), (1.3, [41, 42, 43]), (1.9, [44])):  # an output may carry several tokens
+        now[0] = at
+        update = processor.process(output(ids))
+    now[0] = 2.0
+    last = processor.process(output([], finished=True, reason=FinishReason.STOP))
+    assert dict(update.latencies) == {"itl": pytest.approx(0.6)}
+    assert dict(last.latencies) == {"latency": 2.0, "itl_mean": pytest.approx(0.9 / 4)}
+    one_token = OutputProcessor(tokenizer, [1], True, False, clock=lambda: now[0])
+    assert [name for name, _ in one_token.process(output([40], finished=True, reason=FinishReason.LENGTH)).latencies
+            ] == ["ttft", "latency"]
 
 
 def test_stop_string_filter_holds_back_what_could_start_one():

@@ -15,7 +15,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from clients.request import SAMPLING_INPUTS
-from support.server import glm_answer, glm_inputs, metric, metrics, wait_for
+from support.server import glm_answer, glm_inputs, metric, metrics, running_server, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -436,6 +436,39 @@ def test_engine_metrics_are_published(triton_server):
                       "glm_request_latency_seconds"):
         assert metric(samples, histogram + "_count") >= 1
     assert wait_for(lambda: metric(metrics(triton_server), "glm_kv_blocks_used") == 0)
+
+
+def inter_token_observations(server) -> float:
+    """glm_inter_token_latency_seconds' count (0 before its first observation), once no request runs."""
+    assert wait_for(lambda: metric(metrics(server), "glm_num_requests_running") == 0)
+    counts = [value for key, value in metrics(server).items()
+              if key.startswith("glm_inter_token_latency_seconds_count{") and 'model="glm"' in key]
+    return sum(counts)
+
+
+def test_the_inter_token_histogram_observes_every_gap_by_default(triton_server):
+    before = inter_token_observations(triton_server)
+    for max_tokens in (8, 20):  # one engine output, so one gap, a token
+        generate_text(triton_server, "count the gaps", max_tokens=max_tokens, ignore_eos=True)
+    assert inter_token_observations(triton_server) - before == 7 + 19
+
+
+@pytest.fixture(scope="module")
+def per_request_server(demo_model_dir, tmp_path_factory):
+    with running_server(demo_model_dir, str(tmp_path_factory.mktemp("per-request")),
+                        {"inter_token_latency_metric": "per_request"}) as server:
+        yield server
+
+
+def test_the_inter_token_histogram_observes_each_request_once_when_asked(per_request_server):
+    before = inter_token_observations(per_request_server)
+    for max_tokens in (8, 20):
+        generate_text(per_request_server, "count the gaps", max_tokens=max_tokens, ignore_eos=True)
+    assert inter_token_observations(per_request_server) - before == 2
+    latency = metrics(per_request_server)
+    mean = (metric(latency, "glm_inter_token_latency_seconds_sum")
+            / metric(latency, "glm_inter_token_latency_seconds_count"))
+    assert 0 < mean < metric(latency, "glm_request_latency_seconds_sum") / 2
 
 
 def test_a_shared_prompt_prefix_is_reused(triton_server):

@@ -334,3 +334,18 @@ def test_other_errors_and_endless_refusals_are_passed_on(quick_retries):
     assert gone.sent == 4
     silent = BlsRequest([])
     assert list(exec_latest(silent)) == [] and silent.sent == 1
+
+
+@pytest.mark.parametrize("mode, observed", [("per_request", [0.02]), ("per_token", [0.01, 0.03])])
+def test_the_inter_token_histogram_observes_once_a_request_unless_asked_per_token(mode, observed):
+    """Each observation is a round trip to the server's process: by default none is made per token."""
+    metrics = EngineMetrics("glm", "1", mode)
+    calls = fake_pb_utils.metric_calls
+    calls.clear()
+    metrics.record([("ttft", 0.5)], None)
+    metrics.record([("itl", 0.01)], None)
+    metrics.record([("itl", 0.03), ("latency", 0.54), ("itl_mean", 0.02)], "length")
+    assert [value for name, _, op, value in calls if name == "glm_inter_token_latency_seconds"] == observed
+    assert [(name, value) for name, _, op, value in calls if name != "glm_inter_token_latency_seconds"] == [
+        ("glm_time_to_first_token_seconds", 0.5), ("glm_request_latency_seconds", 0.54),
+        ("glm_requests_finished_total", 1)]

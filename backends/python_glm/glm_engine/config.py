@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 SUPPORTED_MODEL_TYPES = ("glm", "glm4")
 QUANTIZATION_METHODS = ("auto", "none", "int8", "fp8")
+INTER_TOKEN_LATENCY_METRICS = ("per_token", "per_request")
 
 
 class CheckpointError(ValueError):
@@ -162,6 +163,10 @@ class EngineConfig:
     # of the same name): each asking is a round trip to Triton's process, which, asked at every token, took as long
     # as the rest of the engine thread's work on the outputs; 0: at every output.
     cancellation_check_period_ms: int = 100
+    # What the inter-token latency histogram observes: per_token, every gap between a request's outputs (a round trip
+    # to Triton's process each); per_request, each request's mean time between its tokens, once, when it ends (as
+    # genai-perf's and TGI's figure).
+    inter_token_latency_metric: str = "per_token"
     # Split the model over this many devices (glm_engine/tensor_parallel.py): one worker process per extra rank, GPUs
     # device, device + 1, ... over NCCL on CUDA; on the CPU over gloo, the cores shared out between the ranks.
     tensor_parallel_size: int = 1
@@ -205,6 +210,9 @@ class EngineConfig:
             raise ValueError(f"layer_backend must be auto, torch or cpu, got {self.layer_backend!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.inter_token_latency_metric not in INTER_TOKEN_LATENCY_METRICS:
+            raise ValueError(f"inter_token_latency_metric must be {' or '.join(INTER_TOKEN_LATENCY_METRICS)}, got "
+                             f"{self.inter_token_latency_metric!r}")
         if self.quantization not in QUANTIZATION_METHODS:
             raise ValueError(f"quantization must be {', '.join(QUANTIZATION_METHODS)}, got {self.quantization!r}")
 

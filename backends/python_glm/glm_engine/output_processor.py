@@ -51,7 +51,9 @@ class Update:
     unavailable: bool = False
     close: bool = False
     abort: bool = False
-    latencies: list[tuple[str, float]] = field(default_factory=list)  # ("ttft" | "itl" | "latency", seconds)
+    # ("ttft" | "itl" | "latency" | "itl_mean", seconds): "itl" since the previous output, "itl_mean" the request's
+    # mean time between tokens, when it ended (with two tokens or more)
+    latencies: list[tuple[str, float]] = field(default_factory=list)
     finish_reason: str | None = None
 
 
@@ -71,6 +73,7 @@ class OutputProcessor:
         self.closed = False  # the final response is out
         self.clock = clock
         self.arrival = self.last_token_time = clock()
+        self.first_token_time = None
         self.num_tokens = 0
 
     def process(self, output: RequestOutput, client_gone: Callable[[], bool] = lambda: False) -> Update:
@@ -132,10 +135,15 @@ class OutputProcessor:
         now = self.clock()
         if new_token_ids:
             update.latencies.append(("itl" if self.num_tokens else "ttft", now - self.last_token_time))
+            if not self.num_tokens:
+                self.first_token_time = now
             self.num_tokens += len(new_token_ids)
             self.last_token_time = now
         if finish_reason is not None:
             update.latencies.append(("latency", now - self.arrival))
+            if self.num_tokens > 1:
+                update.latencies.append(("itl_mean", (self.last_token_time - self.first_token_time)
+                                         / (self.num_tokens - 1)))
             update.finish_reason = finish_reason
         return update
 

@@ -42,7 +42,7 @@ class GlmEngineModel:
         model_dir = version_checkpoint(model_path, self.version, parameters, resolve_model_dir(parameters, args))
         self.config = EngineConfig.from_parameters({**parameters, "model_dir": model_dir})
         self.tokenizer = GlmTokenizer(model_dir)
-        self.metrics = EngineMetrics(args["model_name"], args["model_version"])
+        self.metrics = EngineMetrics(args["model_name"], args["model_version"], self.config.inter_token_latency_metric)
         self.traffic = TrafficReader(model_path)
         self.forwarder = Forwarder(args["model_name"])
         self.outbox = ResponseOutbox()

@@ -2,7 +2,8 @@
 
 Gauges and counters follow the engine's own numbers (EngineStats) after every step; latency histograms and finish
 reasons are recorded per request from what its OutputProcessor reports: the gauges and counters on the engine
-thread, the rest on glm's response outbox (each observation is a round trip to Triton's process).
+thread, the rest on glm's response outbox. Each set, increment or observation is a round trip to Triton's process:
+the inter-token histogram makes one a token, unless inter_token_latency_metric is per_request.
 """
 
 from __future__ import annotations
@@ -28,14 +29,18 @@ COUNTERS = {
 }
 HISTOGRAMS = {
     "ttft": ("glm_time_to_first_token_seconds", "From request arrival to its first generated token"),
-    "itl": ("glm_inter_token_latency_seconds", "Between consecutive generated tokens of a request"),
+    "itl": ("glm_inter_token_latency_seconds", "Between consecutive generated tokens of a request, or a request's "
+            "mean time between them (the glm model's inter_token_latency_metric: per_token, per_request)"),
     "latency": ("glm_request_latency_seconds", "From request arrival to its last response"),
 }
 FINISH_REASONS = ("stop", "length", "cancelled", "error")
 
 
 class EngineMetrics:
-    def __init__(self, model_name: str, model_version: str):
+    def __init__(self, model_name: str, model_version: str, inter_token_latency_metric: str = "per_token"):
+        """inter_token_latency_metric: what the "itl" histogram observes (EngineConfig's parameter)."""
+        # The OutputProcessor reports both; the one not asked for is left out.
+        self._unobserved = "itl" if inter_token_latency_metric == "per_request" else "itl_mean"
         labels = {"model": model_name, "version": model_version}
         M = pb_utils.MetricFamily
         # Families must outlive their metrics: keep both.
@@ -78,8 +83,9 @@ class EngineMetrics:
             self._last_set[key] = value
 
     def record(self, latencies: list[tuple[str, float]], finish_reason: str | None) -> None:
-        """A request's latencies observed now ("ttft", "itl", "latency"), and its finish reason if it just ended."""
-        for histogram, seconds in latencies:
-            self.histograms[histogram].observe(seconds)
+        """A request's latencies observed now (Update.latencies), and its finish reason if it just ended."""
+        for name, seconds in latencies:
+            if name != self._unobserved:
+                self.histograms["itl" if name == "itl_mean" else name].observe(seconds)
         if finish_reason is not None:
             self.finished[finish_reason].increment(1)
