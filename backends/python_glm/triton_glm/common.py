@@ -102,14 +102,16 @@ def exec_latest(request):
     """The responses of a decoupled BLS request for a model's latest version (request.exec(decoupled=True)), sent
     again while Triton refuses it as not ready (see NOT_READY_REFUSAL); the last refusal is passed on."""
     for delay in (*NOT_READY_RETRIES, None):
-        responses = request.exec(decoupled=True)
+        # Iterated once: pb_utils' response iterator starts over at each iter(), as `yield from` would call.
+        responses = iter(request.exec(decoupled=True))
         first = next(responses, None)
         refused = (delay is not None and first is not None and first.has_error()
                    and NOT_READY_REFUSAL.search(first.error().message()))
         if not refused:
             if first is not None:
                 yield first
-            yield from responses
+                while (response := next(responses, None)) is not None:
+                    yield response
             return
         log.info("%s; sending the request again in %.2f s", first.error().message(), delay)
         time.sleep(delay)
