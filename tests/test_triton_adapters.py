@@ -125,6 +125,17 @@ def test_only_the_outputs_the_client_asked_for_are_sent(tokenizer):
     assert asked.sent[-1][0].outputs["finish_reason"].item() == b"length"
 
 
+def test_outputs_not_asked_for_are_not_even_made(tokenizer):
+    """They would be made on the outbox's thread every token, holding the GIL the engine thread needs."""
+    from glm_engine.output_processor import Response
+    responses = stream(Sender(), tokenizer, outputs={"output_ids", "sequence_length"})
+    unreadable = Response(token_ids=[40, 41], text_length=None, finish_reason=None, num_input_tokens=3,
+                          num_output_tokens=2, logprobs=["not a number"], cum_logprob=None, final=False)
+    made = responses._triton_response(unreadable, {})
+    assert made.outputs["output_ids"].tolist() == [[[40, 41]]] and made.outputs["sequence_length"].item() == 2
+    assert set(made.outputs) == {"output_ids", "sequence_length"}
+
+
 def test_several_answers_share_one_final_flag_and_say_which_they_are(tokenizer):
     """num_return_sequences: each answer's responses carry its sequence_index; only the last answer to end sends
     Triton's final flag, whatever order they end in."""
@@ -294,6 +305,23 @@ class BlsResponse:
         return types.SimpleNamespace(message=lambda: self.message)
 
 
+class ResponseIterator:
+    """As pb_utils' own: each iter() starts over from the first response."""
+
+    def __init__(self, responses):
+        self.responses, self.index = responses, 0
+
+    def __iter__(self):
+        self.index = 0
+        return self
+
+    def __next__(self):
+        if self.index == len(self.responses):
+            raise StopIteration
+        self.index += 1
+        return self.responses[self.index - 1]
+
+
 class BlsRequest:
     """A BLS request whose n-th send yields the n-th list of responses."""
 
@@ -303,7 +331,7 @@ class BlsRequest:
     def exec(self, decoupled):
         assert decoupled
         self.sent += 1
-        return iter(self.sends.pop(0))
+        return ResponseIterator(self.sends.pop(0))
 
 
 NOT_READY = "Failed for execute the inference request. Model 'glm' is not ready."

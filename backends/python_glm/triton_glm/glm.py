@@ -319,28 +319,29 @@ class ResponseStream:
     def _triton_response(self, response: Response, perf: dict[str, np.ndarray]):
         token_ids = response.token_ids
         text_length = -1 if response.text_length is None else response.text_length
-        values = {
-            "output_ids": np.array(token_ids, dtype=np.int32).reshape(1, 1, -1),
-            "sequence_length": np.array([[len(token_ids)]], dtype=np.int32),
-            "text_length": np.array([[text_length]], dtype=np.int32),
-            "finish_reason": np.array([[response.finish_reason.encode()]], dtype=np.object_),
-            "num_input_tokens": np.array([[response.num_input_tokens]], dtype=np.int32),
-            "num_output_tokens": np.array([[response.num_output_tokens]], dtype=np.int32),
-            "output_log_probs": np.array(response.logprobs, dtype=np.float32).reshape(1, 1, -1),
-            "cum_log_probs": np.array([[response.cum_logprob]], dtype=np.float32),
-            "glm_version": self.version,
-            "sequence_index": self.sequence_index,
-            "batch_index": ZERO_INT32,
-            **perf,
-        }
-        if self.outputs is None or "text_output" in self.outputs:
+        # Each output is made only if asked for: on the outbox's thread, every token, holding the GIL that the engine
+        # thread needs between its kernels.
+        makers = {
+            "output_ids": lambda: np.array(token_ids, dtype=np.int32).reshape(1, 1, -1),
+            "sequence_length": lambda: np.array([[len(token_ids)]], dtype=np.int32),
+            "text_length": lambda: np.array([[text_length]], dtype=np.int32),
+            "finish_reason": lambda: np.array([[response.finish_reason.encode()]], dtype=np.object_),
+            "num_input_tokens": lambda: np.array([[response.num_input_tokens]], dtype=np.int32),
+            "num_output_tokens": lambda: np.array([[response.num_output_tokens]], dtype=np.int32),
+            "output_log_probs": lambda: np.array(response.logprobs, dtype=np.float32).reshape(1, 1, -1),
+            "cum_log_probs": lambda: np.array([[response.cum_logprob]], dtype=np.float32),
+            "glm_version": lambda: self.version,
+            "sequence_index": lambda: self.sequence_index,
+            "batch_index": lambda: ZERO_INT32,
             # Each response's ids decode to whole characters (the output processor's chunking), so its text is
-            # postprocessing's, made here: the ensemble has no step after this one (see its config.pbtxt).
-            text = cut_to_text_length(self.processor.tokenizer.decode(token_ids), text_length)
-            # Shape [1], not [1, 1]: TensorRT-LLM's and vllm_backend's clients read `text_output[0]` as the text.
-            values["text_output"] = np.array([text.encode("utf-8")], dtype=np.object_)
+            # postprocessing's, made here: the ensemble has no step after this one (see its config.pbtxt). Shape
+            # [1], not [1, 1]: TensorRT-LLM's and vllm_backend's clients read `text_output[0]` as the text.
+            "text_output": lambda: np.array([cut_to_text_length(self.processor.tokenizer.decode(token_ids),
+                                                                text_length).encode("utf-8")], dtype=np.object_),
+            **{name: (lambda value=value: value) for name, value in perf.items()},
+        }
         return pb_utils.InferenceResponse(output_tensors=[
-            pb_utils.Tensor(name, value) for name, value in values.items()
+            pb_utils.Tensor(name, make()) for name, make in makers.items()
             if self.outputs is None or name in self.outputs])
 
 
