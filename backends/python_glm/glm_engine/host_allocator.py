@@ -9,7 +9,7 @@ peak working set, which a server sizes for anyway (docs/performance.md).
   offline that was 120,000 page faults and about a tenth of the time.
 - jemalloc, which the launcher preloads into the server and its stubs, hands freed pages back gradually over 10 s,
   and blocks of 8 MiB or more (its "huge" arena) at once: behind Triton, the bench's prefill steps took twice as
-  long as offline with glibc kept.
+  long as offline, where glibc's malloc kept them.
 - Another malloc (tcmalloc) is left to its own policy.
 """
 
