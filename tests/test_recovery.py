@@ -17,8 +17,8 @@ import requests
 import tritonclient.grpc as grpcclient
 from support.checkpoints import make_tiny_checkpoint
 from support.reference import prompts
-from support.server import (abandon_a_stream, glm_stub_of, metric, metrics, ready, running_launcher, running_server,
-                            stream, wait_for)
+from support.server import (abandon_a_stream, glm_stub_of, kernel_log, metric, metrics, ready, running_launcher,
+                            running_server, segfaults_since, stream, stub_threads, wait_for)
 import tritonclient.utils.shared_memory as shared_memory
 from tritonclient.utils import InferenceServerException
 
@@ -183,6 +183,7 @@ def test_shutdown_drains_streams_runs_finalize_and_leaves_no_shared_memory(demo_
             short_stream = pool.submit(stream, server.http_url, max_tokens=40)
             assert wait_for(lambda: running() == 4 or short_stream.done(), timeout=30)
             regions = server.shm_regions()
+            log_before, threads = kernel_log(), stub_threads(server)
             stop_began = time.monotonic()
             stopping = pool.submit(server.stop)
             assert wait_for(lambda: os.path.exists(server.drain_file), timeout=5)
@@ -208,6 +209,10 @@ def test_shutdown_drains_streams_runs_finalize_and_leaves_no_shared_memory(demo_
     log_text = (tmp_path / "tritonserver.log").read_text()
     assert "glm engine stopped" in log_text and "Exit timeout expired" not in log_text, log_text[-3000:]
     assert regions and not any(os.path.exists(region) for region in regions)
+    # Every stub exited cleanly: glm's used to segfault on its way out, its metrics deleted after its shared memory.
+    if log_before is not None:
+        crashes = segfaults_since(log_before, threads)
+        assert not crashes, crashes
 
 
 @pytest.mark.integration

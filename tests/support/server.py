@@ -157,6 +157,31 @@ def ready(http_port: int) -> bool:
         return False
 
 
+def kernel_log() -> list[str] | None:
+    """The kernel's log lines (dmesg), or None where this user may not read them."""
+    try:
+        done = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.splitlines() if done.returncode == 0 else None
+
+
+def stub_threads(server) -> set[int]:
+    """The thread ids of a server's stub processes, now (the kernel's log names a crashing process by its thread)."""
+    threads = set()
+    for pid in server.stub_processes():
+        with contextlib.suppress(FileNotFoundError):
+            threads |= {int(tid) for tid in os.listdir(f"/proc/{pid}/task")}
+    return threads
+
+
+def segfaults_since(log_before: list[str], threads: set[int]) -> list[str]:
+    """The kernel's reports of a segfault in one of `threads` made after `log_before` was read."""
+    reports = (kernel_log() or [])[len(log_before):]
+    return [line for line in reports if (found := re.search(r"\[(\d+)\]: segfault", line))
+            and int(found[1]) in threads]
+
+
 def child_processes(parent_pid: int) -> dict[int, tuple[str, list[str]]]:
     """The live children of a process: pid -> (name, argv)."""
     def parent(pid: int) -> int:

@@ -183,6 +183,7 @@ class GlmEngineModel:
         self.outbox.close()
         # Triton finalizes a model once every response of its requests is sent, so no forwarded stream is left.
         self.forwarder.close()
+        self.metrics.close()
         log.info("glm engine stopped")
 
 

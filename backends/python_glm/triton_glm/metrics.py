@@ -82,6 +82,13 @@ class EngineMetrics:
             gauge.set(value)
             self._last_set[key] = value
 
+    def close(self) -> None:
+        """Delete the metrics, then their families, while the stub can still tell the server. Left to the
+        interpreter's exit, their destructors run after the stub has let go of its shared memory, and the stub
+        segfaults on its way out (Triton 2.51's Python backend): at every unload."""
+        self.gauges, self.counters, self.histograms, self.finished, self.hit_rate = {}, {}, {}, {}, None
+        self._families.clear()
+
     def record(self, latencies: list[tuple[str, float]], finish_reason: str | None) -> None:
         """A request's latencies observed now (Update.latencies), and its finish reason if it just ended."""
         for name, seconds in latencies:
