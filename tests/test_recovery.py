@@ -17,8 +17,8 @@ import requests
 import tritonclient.grpc as grpcclient
 from support.checkpoints import make_tiny_checkpoint
 from support.reference import prompts
-from support.server import (abandon_a_stream, glm_stub_of, kernel_log, metric, metrics, ready, running_launcher,
-                            running_server, segfaults_since, stream, stub_threads, wait_for)
+from support.server import (abandon_a_stream, crashes_since, glm_stub_of, kernel_log, metric, metrics, ready,
+                            running_launcher, running_server, stream, stub_threads, wait_for)
 import tritonclient.utils.shared_memory as shared_memory
 from tritonclient.utils import InferenceServerException
 
@@ -211,7 +211,7 @@ def test_shutdown_drains_streams_runs_finalize_and_leaves_no_shared_memory(demo_
     assert regions and not any(os.path.exists(region) for region in regions)
     # Every stub exited cleanly: glm's used to segfault on its way out, its metrics deleted after its shared memory.
     if log_before is not None:
-        crashes = segfaults_since(log_before, threads)
+        crashes = crashes_since(log_before, threads)
         assert not crashes, crashes
 
 

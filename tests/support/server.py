@@ -175,10 +175,11 @@ def stub_threads(server) -> set[int]:
     return threads
 
 
-def segfaults_since(log_before: list[str], threads: set[int]) -> list[str]:
-    """The kernel's reports of a segfault in one of `threads` made after `log_before` was read."""
+def crashes_since(log_before: list[str], threads: set[int]) -> list[str]:
+    """The kernel's reports of a segfault or general protection fault in one of `threads` made after `log_before`
+    was read."""
     reports = (kernel_log() or [])[len(log_before):]
-    return [line for line in reports if (found := re.search(r"\[(\d+)\]: segfault", line))
+    return [line for line in reports if (found := re.search(r"\[(\d+)\]:? (segfault|general protection)", line))
             and int(found[1]) in threads]
 
 
