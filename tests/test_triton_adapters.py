@@ -7,7 +7,6 @@ import dataclasses
 import json
 import re
 import sys
-import types
 
 import numpy as np
 import pytest
@@ -290,78 +289,6 @@ def test_engine_metrics_send_only_the_figures_that_changed():
     calls.clear()
     metrics.update(dataclasses.replace(step, generated_tokens=4))  # a decode step: one token more each
     assert [(name, op, value) for name, _, op, value in calls] == [("glm_generation_tokens_total", "increment", 2)]
-
-
-class BlsResponse:
-    """A response that a BLS call yields: an error's message, or a token."""
-
-    def __init__(self, error: str | None = None, token: int | None = None):
-        self.message, self.token = error, token
-
-    def has_error(self):
-        return self.message is not None
-
-    def error(self):
-        return types.SimpleNamespace(message=lambda: self.message)
-
-
-class ResponseIterator:
-    """As pb_utils' own: each iter() starts over from the first response."""
-
-    def __init__(self, responses):
-        self.responses, self.index = responses, 0
-
-    def __iter__(self):
-        self.index = 0
-        return self
-
-    def __next__(self):
-        if self.index == len(self.responses):
-            raise StopIteration
-        self.index += 1
-        return self.responses[self.index - 1]
-
-
-class BlsRequest:
-    """A BLS request whose n-th send yields the n-th list of responses."""
-
-    def __init__(self, *sends):
-        self.sends, self.sent = list(sends), 0
-
-    def exec(self, decoupled):
-        assert decoupled
-        self.sent += 1
-        return ResponseIterator(self.sends.pop(0))
-
-
-NOT_READY = "Failed for execute the inference request. Model 'glm' is not ready."
-
-
-@pytest.fixture
-def quick_retries(monkeypatch):
-    from triton_glm import common
-    monkeypatch.setattr(common, "NOT_READY_RETRIES", (0.0, 0.0, 0.0))
-
-
-def test_a_request_for_the_latest_version_refused_as_not_ready_is_sent_again(quick_retries):
-    """A rollback unloads the highest version while requests for "latest" arrive: Triton may refuse one that never
-    reached a model, and bls / vllm_model send it again rather than fail it."""
-    from triton_glm.common import exec_latest
-    request = BlsRequest([BlsResponse(NOT_READY)], [BlsResponse(NOT_READY)], [BlsResponse(token=7), BlsResponse()])
-    assert [r.token for r in exec_latest(request)] == [7, None]
-    assert request.sent == 3
-
-
-def test_other_errors_and_endless_refusals_are_passed_on(quick_retries):
-    from triton_glm.common import exec_latest
-    invalid = BlsRequest([BlsResponse("[INVALID_ARG] input 'temperature' must be >= 0"), BlsResponse()])
-    assert [r.message for r in exec_latest(invalid)] == ["[INVALID_ARG] input 'temperature' must be >= 0", None]
-    assert invalid.sent == 1
-    gone = BlsRequest(*[[BlsResponse(NOT_READY)]] * 4)  # no version of glm comes back: the fourth refusal is final
-    assert [r.message for r in exec_latest(gone)] == [NOT_READY]
-    assert gone.sent == 4
-    silent = BlsRequest([])
-    assert list(exec_latest(silent)) == [] and silent.sent == 1
 
 
 @pytest.mark.parametrize("mode, observed", [("per_request", [0.02]), ("per_token", [0.01, 0.03])])

@@ -202,6 +202,25 @@ def version_sample(server, name: str, version: int, **labels) -> float:
     return value
 
 
+def glm_stream(server, demo_model_dir, text: str, request_output_len: int, num_return_sequences: int = 1,
+               enable_empty_final_response: bool = False):
+    """A gRPC stream of one glm request (streaming, ignore_eos); returns the client and its (result, error) list."""
+    prompt = np.array([GlmTokenizer(demo_model_dir).encode(text)], dtype=np.int32)
+    tensors = {"input_ids": prompt, "input_lengths": np.array([[prompt.shape[1]]], dtype=np.int32),
+               "request_output_len": np.array([[request_output_len]], dtype=np.int32),
+               "num_return_sequences": np.array([[num_return_sequences]], dtype=np.int32),
+               "ignore_eos": np.array([[True]]), "streaming": np.array([[True]])}
+    inputs = []
+    for name, value in tensors.items():
+        inputs.append(grpcclient.InferInput(name, list(value.shape), "BOOL" if value.dtype == bool else "INT32"))
+        inputs[-1].set_data_from_numpy(value)
+    responses = []
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    client.start_stream(callback=lambda result, error: responses.append((result, error)))
+    client.async_stream_infer("glm", inputs, enable_empty_final_response=enable_empty_final_response)
+    return client, responses
+
+
 def test_a_forwarded_stream_whose_client_cancels_stops_where_it_runs_and_lets_its_version_unload(
         server, second_checkpoint, demo_model_dir):
     lines: list[str] = []
@@ -209,19 +228,8 @@ def test_a_forwarded_stream_whose_client_cancels_stops_where_it_runs_and_lets_it
     versions.deploy(2, second_checkpoint)  # the newest: Triton gives it every request, the split sends them to 1
     try:
         cancelled_before = version_sample(server, "glm_requests_finished_total", 1, finish_reason="cancelled")
-        prompt = np.array([GlmTokenizer(demo_model_dir).encode("a long answer")], dtype=np.int32)
-        tensors = {"input_ids": prompt, "input_lengths": np.array([[prompt.shape[1]]], dtype=np.int32),
-                   # near the demo model's 4,096 positions: 1,000 tokens had been written before the cancel came
-                   "request_output_len": np.array([[4000]], dtype=np.int32), "ignore_eos": np.array([[True]]),
-                   "streaming": np.array([[True]])}
-        inputs = []
-        for name, value in tensors.items():
-            inputs.append(grpcclient.InferInput(name, list(value.shape), "BOOL" if value.dtype == bool else "INT32"))
-            inputs[-1].set_data_from_numpy(value)
-        responses = []
-        client = grpcclient.InferenceServerClient(server.grpc_url)
-        client.start_stream(callback=lambda result, error: responses.append((result, error)))
-        client.async_stream_infer("glm", inputs)
+        # near the demo model's 4,096 positions: 1,000 tokens had been written before the cancel came
+        client, responses = glm_stream(server, demo_model_dir, "a long answer", request_output_len=4000)
         assert wait_for(lambda: len(responses) >= 2, timeout=60)
         assert all(error is None and result.as_numpy("glm_version").item() == 1 for result, error in responses)
         assert version_sample(server, "glm_num_requests_running", 1) == 1
@@ -233,3 +241,29 @@ def test_a_forwarded_stream_whose_client_cancels_stops_where_it_runs_and_lets_it
     finally:
         versions.rollback()  # unloads version 2, which waits for every request it forwarded to be closed
     assert versions.loaded_versions()[2] == "UNAVAILABLE"
+
+
+def test_a_forwarded_request_gets_every_answer_of_num_return_sequences_then_one_final_flag(
+        server, second_checkpoint, demo_model_dir):
+    """The forwarded stream ends with the callee's last answer, not its first: each answer has its own finish_reason,
+    and Triton's final flag goes with the last of them, as on the version that generates them."""
+    versions = manager(server, [])
+    versions.deploy(2, second_checkpoint)  # the newest: Triton gives it every request, the split sends them to 1
+    try:
+        client, responses = glm_stream(server, demo_model_dir, "two answers", request_output_len=6,
+                                       num_return_sequences=2, enable_empty_final_response=True)
+        assert wait_for(lambda: any(result is not None and result.get_response().parameters[
+            "triton_final_response"].bool_param for result, _ in responses), timeout=60)
+        time.sleep(0.5)  # nothing may follow the final flag
+        client.stop_stream()
+        client.close()
+        assert all(error is None for _, error in responses), responses
+        finals = [result.get_response().parameters["triton_final_response"].bool_param for result, _ in responses]
+        assert finals.count(True) == 1 and finals[-1]
+        answered = [result for result, _ in responses if result.as_numpy("finish_reason") is not None]
+        ended = {int(result.as_numpy("sequence_index").item()): result.as_numpy("finish_reason").item()
+                 for result in answered if result.as_numpy("finish_reason").item()}
+        assert ended == {0: b"length", 1: b"length"}
+        assert {int(result.as_numpy("glm_version").item()) for result in answered} == {1}
+    finally:
+        versions.rollback()

@@ -13,9 +13,10 @@ import triton_python_backend_utils as pb_utils
 
 from glm_engine.tokenizer import GlmTokenizer
 
+from .bls_calls import exec_latest
 from .common import CODE_IN_MESSAGE, InputError, check_prompt, cut_to_text_length, error_from_callee, \
-    error_response, exec_latest, internal_error, optional_scalar, required_array, resolve_model_dir, text_of
-from .request_params import sampling_parameters_json
+    error_response, internal_error, optional_scalar, required_array, resolve_model_dir, text_of
+from .request_params import answers_asked
 from .request_schema import INPUTS_BY_NAME, REQUEST_OUTPUTS
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ class Bls:
         logprobs: list[float] = []
         text_length = -1
         last = {}
-        for response in exec_latest(engine_request):
+        for response, _ in exec_latest(engine_request, request):
             if response.has_error():
                 return pb_utils.InferenceResponse(output_tensors=[], error=error_from_callee(response.error()))
             if not response.output_tensors():  # the empty final flag
@@ -105,13 +106,3 @@ class Bls:
     def finalize(self):
         self.pool.shutdown(wait=False, cancel_futures=True)
 
-
-def answers_asked(request) -> int:
-    """num_return_sequences, else sampling_parameters' n, else 1 (an unreadable value: glm names the problem)."""
-    value = optional_scalar(request, "num_return_sequences", None, int)
-    if value is None:
-        value = sampling_parameters_json(request).get("n", 1)
-    try:
-        return int(value)
-    except (TypeError, ValueError, OverflowError):
-        return 1

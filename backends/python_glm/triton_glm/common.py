@@ -6,7 +6,6 @@ import json
 import logging
 import os
 import re
-import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -21,14 +20,6 @@ TENSOR_PARALLEL_ENV = "GLM_TENSOR_PARALLEL_SIZE"
 # issue #7804), so a client error of glm would reach a bls client as HTTP 500. A request that carries this parameter
 # gets each error's code at the start of its message instead ("[INVALID_ARG] ..."), and bls restores it.
 CODE_IN_MESSAGE = "glm_error_code_in_message"
-
-
-# Triton's refusal of a BLS request for glm's latest version when that version began unloading between the two
-# lookups of its readiness check (python_backend's RequestExecutor::Infer; triton-inference-server/core's
-# ModelIsReady): a rollback unloads the highest version while requests for "latest" arrive. The request never reached
-# a model, so it is sent again, to the version that is latest now.
-NOT_READY_REFUSAL = re.compile(r"Failed for execute the inference request\. Model '[^']*' is not ready\.")
-NOT_READY_RETRIES = (0.05, 0.2, 0.5, 1.0)  # seconds before each retry
 
 
 class InputError(ValueError):
@@ -96,25 +87,6 @@ def internal_error(what: str, code_in_message: bool = False):
     log.exception("internal error while %s", what)
     return error_response(f"internal error while {what}; the server's log has the details", "INTERNAL",
                           code_in_message)
-
-
-def exec_latest(request):
-    """The responses of a decoupled BLS request for a model's latest version (request.exec(decoupled=True)), sent
-    again while Triton refuses it as not ready (see NOT_READY_REFUSAL); the last refusal is passed on."""
-    for delay in (*NOT_READY_RETRIES, None):
-        # Iterated once: pb_utils' response iterator starts over at each iter(), as `yield from` would call.
-        responses = iter(request.exec(decoupled=True))
-        first = next(responses, None)
-        refused = (delay is not None and first is not None and first.has_error()
-                   and NOT_READY_REFUSAL.search(first.error().message()))
-        if not refused:
-            if first is not None:
-                yield first
-                while (response := next(responses, None)) is not None:
-                    yield response
-            return
-        log.info("%s; sending the request again in %.2f s", first.error().message(), delay)
-        time.sleep(delay)
 
 
 def request_parameters(request) -> dict:

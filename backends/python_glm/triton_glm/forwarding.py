@@ -11,7 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from .bls_calls import bls_responses
 from .common import CODE_IN_MESSAGE, callee_error, error_response, internal_error, send_now
+from .request_params import answers_asked
 from .versions import PINNED
 
 log = logging.getLogger(__name__)
@@ -32,12 +34,12 @@ class Forwarder:
         forward_id = request.request_id() or f"glm-forward-{next(self._ids)}"
         wanted = list(request.requested_output_names())
         inputs = [pb_utils.Tensor(tensor.name(), tensor.as_numpy()) for tensor in request.inputs()]
-        # finish_reason, empty until the last response, is how a final response is told from the others.
+        # finish_reason, empty until an answer's last response, is how the end of each answer is told.
         callee_request = pb_utils.InferenceRequest(
             model_name=self.model_name, model_version=version, inputs=inputs, request_id=forward_id,
             requested_output_names=sorted({*wanted, "finish_reason"}),
             parameters={PINNED: True, CODE_IN_MESSAGE: True})
-        self.pool.submit(self._relay, callee_request, sender, set(wanted), forward_id,
+        self.pool.submit(self._relay, callee_request, sender, set(wanted), answers_asked(request), forward_id,
                          version, code_in_message)
 
     def stop(self, request_id: str, version: int) -> None:
@@ -52,33 +54,35 @@ class Forwarder:
         except Exception:  # that version is gone: nothing runs there to stop
             log.info("stop for %r on version %d not delivered", request_id, version, exc_info=True)
 
-    def _relay(self, callee_request, sender, wanted: set[str], forward_id: str, version: int,
+    def _relay(self, callee_request, sender, wanted: set[str], answers: int, forward_id: str, version: int,
                code_in_message: bool) -> None:
+        """`answers`: how many the request asked for (num_return_sequences); the final flag goes with the last."""
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         finished = stopped = False
         try:
-            for response in callee_request.exec(decoupled=True):
-                if finished or stopped:
-                    continue
-                if sender.is_cancelled():  # the client went away: stop the request there, close this one at the end
+            for response, cancelled in bls_responses(callee_request, sender):
+                if cancelled:  # the client went away: stop the request there, close this one at the end
                     self.stop(forward_id, version)
                     stopped = True
-                    continue
+                    break
                 if response.has_error():
                     # Untagged: Triton's own refusal (that version is not loaded), which a retry can get past.
                     code, message = callee_error(response.error(), untagged="UNAVAILABLE")
                     sender.send(error_response(message, code, code_in_message), flags=final)
                     finished = True
-                    continue
+                    break
                 tensors = response.output_tensors()
                 if not tensors:  # the callee's empty final response
                     sender.send(flags=final)
                     finished = True
-                    continue
+                    break
                 reason = pb_utils.get_output_tensor_by_name(response, "finish_reason").as_numpy().reshape(-1)[0]
-                finished = bool(reason)
+                answers -= bool(reason)
+                finished = answers <= 0
                 sender.send(pb_utils.InferenceResponse(output_tensors=[t for t in tensors if t.name() in wanted]),
                             flags=final if finished else 0)
+                if finished:
+                    break
             if not finished:  # every request gets its final flag, or Triton holds it (and this version) for ever
                 sender.send(flags=final)
         except Exception:

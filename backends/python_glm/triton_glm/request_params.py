@@ -59,6 +59,17 @@ def sampling_parameters_json(request) -> dict:
     return parsed
 
 
+def answers_asked(request) -> int:
+    """num_return_sequences, else sampling_parameters' n, else 1 (an unreadable value: glm names the problem)."""
+    value = optional_scalar(request, "num_return_sequences", None, int)
+    if value is None:
+        value = sampling_parameters_json(request).get("n", 1)
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError):
+        return 1
+
+
 def word_list(request, from_json: dict, name: str) -> list[str]:
     """Strings from a STRING [-1] input, else from its JSON key (a string or a list of them), within their rule."""
     tensor = pb_utils.get_input_tensor_by_name(request, INPUTS_BY_NAME[name].glm_input)

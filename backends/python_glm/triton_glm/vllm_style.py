@@ -20,9 +20,9 @@ import triton_python_backend_utils as pb_utils
 
 from glm_engine.tokenizer import GlmTokenizer
 
-from .common import (CODE_IN_MESSAGE, InputError, callee_error, check_prompt, error_response, exec_latest,
-                     internal_error, optional_scalar, request_parameters, required_array, resolve_model_dir, send_now,
-                     text_of)
+from .bls_calls import exec_latest
+from .common import (CODE_IN_MESSAGE, InputError, callee_error, check_prompt, error_response, internal_error,
+                     optional_scalar, request_parameters, required_array, resolve_model_dir, send_now, text_of)
 
 log = logging.getLogger(__name__)
 
@@ -94,22 +94,20 @@ class VllmStyleModel:
         sent_tokens: dict[int, int] = {}  # per answer: output tokens reported so far (vllm reports each response's)
         finished = stopped = False
         try:
-            for response in exec_latest(glm_request):
-                if finished or stopped:
-                    continue
-                if sender.is_cancelled() and request_id:  # the client went away: end the request in the engine
+            for response, cancelled in exec_latest(glm_request, sender):
+                if cancelled and request_id:  # the client went away: end the request in the engine
                     self._stop(request_id)
                     stopped = True
-                    continue
+                    break
                 if response.has_error():
                     code, message = callee_error(response.error(), untagged="UNAVAILABLE")
                     sender.send(error_response(message, code), flags=final)
                     finished = True
-                    continue
+                    break
                 if not response.output_tensors():  # glm's empty final response
                     sender.send(flags=final)
                     finished = True
-                    continue
+                    break
                 sender.send(self._vllm_response(response, wanted, sent_tokens))
             if not finished:  # every request gets its final flag
                 sender.send(flags=final)
