@@ -15,7 +15,7 @@ from glm_engine.tokenizer import GlmTokenizer
 
 from .bls_calls import exec_latest
 from .common import CODE_IN_MESSAGE, InputError, check_prompt, cut_to_text_length, error_from_callee, \
-    error_response, internal_error, optional_scalar, required_array, resolve_model_dir, text_of
+    error_response, internal_error, only_requested, optional_scalar, required_array, resolve_model_dir, text_of
 from .request_params import answers_asked
 from .request_schema import INPUTS_BY_NAME, REQUEST_OUTPUTS
 
@@ -98,10 +98,10 @@ class Bls:
         # glm answers once (streaming is off), so its text_length, if any, counts over all of token_ids.
         text = self.tokenizer.decode(token_ids)
         text = np.array([[cut_to_text_length(text, text_length).encode("utf-8")]], dtype=np.object_)
-        return pb_utils.InferenceResponse(output_tensors=[
+        return pb_utils.InferenceResponse(output_tensors=only_requested(request, [
             pb_utils.Tensor("text_output", text),
             pb_utils.Tensor("output_log_probs", np.array(logprobs, dtype=np.float32).reshape(1, 1, -1)),
-            *(pb_utils.Tensor(name, value) for name, value in last.items())])
+            *(pb_utils.Tensor(name, value) for name, value in last.items())]))
 
     def finalize(self):
         self.pool.shutdown(wait=False, cancel_futures=True)

@@ -73,6 +73,14 @@ def error_response(message: str, code: str = "INVALID_ARG", code_in_message: boo
                                       error=pb_utils.TritonError(message, getattr(pb_utils.TritonError, code)))
 
 
+def only_requested(request, tensors: list) -> list:
+    """The tensors that the request asked for (Triton's requested outputs: all of the model's when it named none).
+    Build a response for a response sender from these only: Triton 2.51's stub drops the others in sender.send()
+    without holding the GIL, and frees their numpy arrays there (python_backend#390; see bls_calls.py)."""
+    names = set(request.requested_output_names())
+    return [tensor for tensor in tensors if tensor.name() in names]
+
+
 def send_now(sender, response, flags: int) -> None:
     """Send a response (None: only the flags, e.g. an empty final response) through a response sender."""
     if response is None:

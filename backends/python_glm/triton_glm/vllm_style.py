@@ -61,7 +61,9 @@ class VllmStyleModel:
         check_prompt(text)
         stream = optional_scalar(request, "stream", False, bool)
         switched_on = {output for switch, output in SWITCHES.items() if optional_scalar(request, switch, False, bool)}
-        wanted = switched_on | set(request.requested_output_names())
+        # Only the outputs the client asked for (all when it named none): Triton would drop the others, and its stub
+        # frees what it drops without the GIL (see common.only_requested).
+        wanted = set(request.requested_output_names())
         settings = pb_utils.get_input_tensor_by_name(request, "sampling_parameters")
         if settings is not None:
             settings = settings.as_numpy().reshape(-1)[:1]
