@@ -291,7 +291,13 @@ def test_the_control_plane_needs_the_key_and_a_reload_swaps_the_model_process(de
         def glm_stubs() -> list[int]:
             return [pid for pid, stub in server.stub_processes().items() if stub.model == "glm"]
 
+        def generated() -> float:
+            return metric(metrics(server), "glm_generation_tokens_total")
+
         (old_stub,) = glm_stubs()
+        old = requests.post(base + "/v2/models/ensemble/generate", json={"text_input": "old", "max_tokens": 4},
+                            timeout=60)
+        assert old.status_code == 200 and wait_for(lambda: generated() == 4)
         assert server.reload_model("glm")
         assert wait_for(lambda: len(glm_stubs()) == 1, timeout=60)
         (new_stub,) = glm_stubs()
@@ -299,3 +305,6 @@ def test_the_control_plane_needs_the_key_and_a_reload_swaps_the_model_process(de
         answer = requests.post(base + "/v2/models/ensemble/generate", json={"text_input": "new", "max_tokens": 4},
                                timeout=60)
         assert answer.status_code == 200 and answer.json()["num_output_tokens"] == 4
+        # The new process carries on with the old one's series: the old one's exit used to delete them under it
+        # (and tritonserver segfaulted at the new one's next update: triton_glm/metrics.py, EngineMetrics.close).
+        assert wait_for(lambda: generated() == 8)

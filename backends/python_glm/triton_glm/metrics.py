@@ -8,6 +8,8 @@ the inter-token histogram makes one a token, unless inter_token_latency_metric i
 
 from __future__ import annotations
 
+import ctypes
+
 import triton_python_backend_utils as pb_utils
 
 from glm_engine.engine import EngineStats
@@ -83,9 +85,17 @@ class EngineMetrics:
             self._last_set[key] = value
 
     def close(self) -> None:
-        """Delete the metrics, then their families, while the stub can still tell the server. Left to the
-        interpreter's exit, their destructors run after the stub has let go of its shared memory, and the stub
-        segfaults on its way out (Triton 2.51's Python backend): at every unload."""
+        """Let go of the metrics and their families without ever deleting them (Triton 2.51 allows neither way).
+
+        Deleted, a metric takes its Prometheus series with it even when a newer instance of this model and version
+        has made the same one: on a reload the new instance loads before the old one finalizes, Triton's core counts
+        a series' users per family object and each instance has its own, and tritonserver itself segfaults at the new
+        instance's next update. Left to the interpreter's exit, their destructors run after the stub has let go of
+        its shared memory, and the stub segfaults on its way out. So each gets a reference that is never returned:
+        its series stays, with its last values, and a newer instance of the same version carries on with it."""
+        for kept in (*self.gauges.values(), *self.counters.values(), self.hit_rate, *self.finished.values(),
+                     *self.histograms.values(), *self._families):
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(kept))
         self.gauges, self.counters, self.histograms, self.finished, self.hit_rate = {}, {}, {}, {}, None
         self._families.clear()
 
