@@ -85,7 +85,8 @@ class EngineMetrics:
             self._last_set[key] = value
 
     def close(self) -> None:
-        """Let go of the metrics and their families without ever deleting them (Triton 2.51 allows neither way).
+        """Let go of the metrics and their families without deleting them, now or at the stub's exit: in Triton 2.51
+        either way crashes a process.
 
         Deleted, a metric takes its Prometheus series with it even when a newer instance of this model and version
         has made the same one: on a reload the new instance loads before the old one finalizes, Triton's core counts
