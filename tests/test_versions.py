@@ -11,15 +11,13 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 import requests
 import tritonclient.grpc as grpcclient
 from support import REPO
-from support.server import abandon_a_stream, metrics, running_server, wait_for
+from support.server import abandon_a_stream, glm_inputs, metrics, running_server, wait_for
 
 from clients.versions import VersionError, VersionManager
-from glm_engine.tokenizer import GlmTokenizer
 from glm_tools.client_load import ClientLoad
 from glm_tools.demo_model import build_demo_model
 from triton_glm.versions import read_traffic
@@ -205,15 +203,8 @@ def version_sample(server, name: str, version: int, **labels) -> float:
 def glm_stream(server, demo_model_dir, text: str, request_output_len: int, num_return_sequences: int = 1,
                enable_empty_final_response: bool = False):
     """A gRPC stream of one glm request (streaming, ignore_eos); returns the client and its (result, error) list."""
-    prompt = np.array([GlmTokenizer(demo_model_dir).encode(text)], dtype=np.int32)
-    tensors = {"input_ids": prompt, "input_lengths": np.array([[prompt.shape[1]]], dtype=np.int32),
-               "request_output_len": np.array([[request_output_len]], dtype=np.int32),
-               "num_return_sequences": np.array([[num_return_sequences]], dtype=np.int32),
-               "ignore_eos": np.array([[True]]), "streaming": np.array([[True]])}
-    inputs = []
-    for name, value in tensors.items():
-        inputs.append(grpcclient.InferInput(name, list(value.shape), "BOOL" if value.dtype == bool else "INT32"))
-        inputs[-1].set_data_from_numpy(value)
+    inputs = glm_inputs(demo_model_dir, text, request_output_len, streaming=True, ignore_eos=True,
+                        num_return_sequences=num_return_sequences)
     responses = []
     client = grpcclient.InferenceServerClient(server.grpc_url)
     client.start_stream(callback=lambda result, error: responses.append((result, error)))

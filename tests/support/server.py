@@ -85,14 +85,17 @@ def metric(samples: dict[str, float], name: str, **labels) -> float:
     return matches[0]
 
 
-def glm_inputs(demo_model_dir, prompt: str, max_tokens: int, streaming: bool):
-    """Inputs of the glm model itself: token ids, as preprocessing would make them."""
+def glm_inputs(demo_model_dir, prompt: str, max_tokens: int, streaming: bool, **scalars: bool | int):
+    """Inputs of the glm model itself: token ids, as preprocessing would make them; `scalars`: more [1, 1] inputs,
+    BOOL or INT32 by their Python type (e.g. ignore_eos=True, num_return_sequences=2)."""
     from glm_engine.tokenizer import GlmTokenizer
 
     ids = np.array([GlmTokenizer(demo_model_dir).encode(prompt)], dtype=np.int32)
     tensors = {"input_ids": (ids, "INT32"), "input_lengths": (np.array([[ids.shape[1]]], np.int32), "INT32"),
                "request_output_len": (np.array([[max_tokens]], np.int32), "INT32"),
                "streaming": (np.array([[streaming]]), "BOOL"), "exclude_input_in_output": (np.array([[True]]), "BOOL")}
+    tensors.update({name: (np.array([[value]]), "BOOL") if isinstance(value, bool)
+                    else (np.array([[value]], np.int32), "INT32") for name, value in scalars.items()})
     inputs = []
     for name, (array, datatype) in tensors.items():
         inputs.append(grpcclient.InferInput(name, list(array.shape), datatype))

@@ -97,8 +97,6 @@ class EngineMetrics:
         for kept in (*self.gauges.values(), *self.counters.values(), self.hit_rate, *self.finished.values(),
                      *self.histograms.values(), *self._families):
             ctypes.pythonapi.Py_IncRef(ctypes.py_object(kept))
-        self.gauges, self.counters, self.histograms, self.finished, self.hit_rate = {}, {}, {}, {}, None
-        self._families.clear()
 
     def record(self, latencies: list[tuple[str, float]], finish_reason: str | None) -> None:
         """A request's latencies observed now (Update.latencies), and its finish reason if it just ended."""
