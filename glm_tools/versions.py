@@ -290,7 +290,7 @@ class VersionManager:
                               timeout=self.timeout)
         if reply.status_code != 200:
             raise VersionError(f"version {version} did not answer a request: HTTP {reply.status_code} {reply.text}")
-        return reply.json()["output_ids"]
+        return reply.json().get("output_ids", [])  # left out when no token came
 
     def _tokenize(self, prompt: str) -> list[int]:
         """The prompt's ids by the server's own preprocessing model, which every version shares."""

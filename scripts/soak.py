@@ -11,8 +11,9 @@ half and at the end, and its growth over the second half in MB per hour, which t
 
 --allocator picks the malloc of the server and its stubs (system, jemalloc or tcmalloc: Debian's libjemalloc2,
 libtcmalloc-minimal4), as Triton's docs suggest for Python-backend deployments; auto, like the launcher, takes
-jemalloc when it is installed. --reload-every N also reloads the
-glm model every N minutes (a model rollout), under the load. --compare DIR... plots earlier runs side by side.
+jemalloc when it is installed. --user-classes runs some of the Locust users only (one front end at a time).
+--reload-every N also reloads the glm model every N minutes (a model rollout), under the load. --compare DIR...
+plots earlier runs side by side.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import time
 
 from glm_tools.launcher import ALLOCATORS, REPO, TritonServer, allocator_library, free_port, resident_mb
 
+USER_CLASSES = ("HttpGenerateUser", "HttpStreamUser", "GrpcStreamUser")
 GAUGES = ("glm_kv_blocks_used", "glm_num_requests_running", "glm_num_requests_waiting",
           "glm_generation_tokens_total", "glm_requests_finished_total")
 
@@ -75,14 +77,15 @@ def plot(rows: list[dict], keys: list[str], path: str, title: str) -> None:
 
 
 def compare(directories: list[str], path: str) -> None:
-    """One figure from earlier runs: glm's and tritonserver's RSS in each, labelled by its allocator."""
+    """One figure from earlier runs: glm's and tritonserver's RSS in each, labelled by its directory's name and its
+    allocator."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     figure, panels = plt.subplots(1, 2, figsize=(11, 4.2))
     for directory in directories:
         with open(os.path.join(directory, "soak.json")) as f:
-            label = os.path.basename(json.load(f)["allocator"])
+            label = f"{os.path.basename(os.path.normpath(directory))} ({os.path.basename(json.load(f)['allocator'])})"
         with open(os.path.join(directory, "soak.csv")) as f:
             rows = list(csv.DictReader(f))
         minutes = [float(row["seconds"]) / 60 for row in rows]
@@ -105,6 +108,8 @@ def main() -> int:
     parser.add_argument("--interval", type=float, default=10, help="seconds between samples")
     parser.add_argument("--allocator", choices=("auto", *ALLOCATORS, "system"), default="auto",
                         help="as the launcher's --allocator (auto: jemalloc if installed)")
+    parser.add_argument("--user-classes", nargs="+", default=list(USER_CLASSES), choices=USER_CLASSES,
+                        help="the Locust users to run (default: all three), e.g. one alone to soak one front end")
     parser.add_argument("--reload-every", type=float, default=0, help="reload glm every this many minutes (0: never)")
     parser.add_argument("--model-dir", default=os.path.join(REPO, "checkpoints", "glm-demo"))
     parser.add_argument("--out", default="soak-results")
@@ -132,7 +137,7 @@ def main() -> int:
         locust = subprocess.Popen(
             [sys.executable, os.path.join(REPO, "loadtests", "run.py"), "--host", f"http://{server.http_url}",
              "--grpc-url", server.grpc_url, "--users", str(args.users), "--run-time", f"{int(args.minutes * 60)}s",
-             "--user-class", "HttpGenerateUser", "HttpStreamUser", "GrpcStreamUser", "--label", args.allocator,
+             "--user-class", *args.user_classes, "--label", args.allocator,
              "--out", os.path.join(args.out, "locust")],
             stdout=open(os.path.join(args.out, "locust.log"), "w"), stderr=subprocess.STDOUT)
         started = time.monotonic()
@@ -157,7 +162,7 @@ def main() -> int:
         writer = csv.DictWriter(f, fieldnames=["seconds", *keys, *GAUGES])
         writer.writeheader()
         writer.writerows(rows)
-    summary = {"allocator": allocator, "users": args.users, "minutes": args.minutes,
+    summary = {"allocator": allocator, "users": args.users, "user_classes": args.user_classes, "minutes": args.minutes,
                "reload_every_minutes": args.reload_every, "samples": len(rows),
                "tokens": rows[-1]["glm_generation_tokens_total"] if rows else 0,
                "requests": rows[-1]["glm_requests_finished_total"] if rows else 0,

@@ -156,9 +156,10 @@ def test_bench_rollout_measures_forwarded_against_direct_streams(tmp_path):
 def test_soak_samples_memory_and_engine_gauges_into_csv_json_and_a_plot(demo_model_dir, tmp_path):
     out = tmp_path / "soak"
     run_script("soak.py", "--model-dir", demo_model_dir, "--minutes", "0.2", "--interval", "3", "--users", "2",
-               "--reload-every", "0.1", "--out", str(out))
+               "--reload-every", "0.1", "--user-classes", "HttpStreamUser", "GrpcStreamUser", "--out", str(out))
     summary = json.loads((out / "soak.json").read_text())
     assert {"tritonserver", "glm", "preprocessing", "postprocessing", "bls"} <= set(summary["rss"])
+    assert summary["user_classes"] == ["HttpStreamUser", "GrpcStreamUser"]
     assert summary["samples"] >= 3 and summary["tokens"] > 0
     header = (out / "soak.csv").read_text().splitlines()[0].split(",")
     assert header[:2] == ["seconds", "rss_mb bls"] and "glm_kv_blocks_used" in header

@@ -226,6 +226,36 @@ def test_finish_reason_token_counts_and_log_probs(triton_server):
     assert result.as_numpy("output_log_probs").reshape(-1).tolist() == pytest.approx(body["output_log_probs"])
 
 
+def test_no_response_carries_an_empty_output(triton_server, demo_model_dir):
+    """An output with nothing in it is left out (common.without_empty): Triton 2.51's HTTP front end leaked a record
+    for each, one a streamed event through the ensemble while log probs were off."""
+    with requests.post(f"http://{triton_server.http_url}/v2/models/ensemble/generate_stream", stream=True,
+                       json={"text_input": "Count me", "max_tokens": 6, "stream": True}, timeout=120) as response:
+        events = [json.loads(line[6:]) for line in response.iter_lines(decode_unicode=True)
+                  if line.startswith("data: ")]
+    assert len(events) >= 2 and all("output_log_probs" not in event for event in events)
+    assert all(value != [] for event in events for value in event.values())
+    body = requests.post(f"http://{triton_server.http_url}/v2/models/bls/generate", timeout=120,
+                         json={"text_input": "Count me", "max_tokens": 6}).json()
+    assert body["text_output"] and "output_log_probs" not in body
+
+    results: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(triton_server.grpc_url)
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    client.async_stream_infer("glm", glm_inputs(demo_model_dir, "Count me", 6, streaming=True),
+                              enable_empty_final_response=True)
+    outputs = []
+    while True:
+        result, error = results.get(timeout=60)
+        assert error is None
+        outputs += [(output.name, result.as_numpy(output.name)) for output in result.get_response().outputs]
+        if result.get_response().parameters["triton_final_response"].bool_param:
+            break
+    client.stop_stream()
+    assert {name for name, _ in outputs} >= {"output_ids", "text_output", "finish_reason"}
+    assert all(array.size for _, array in outputs), [name for name, array in outputs if not array.size]
+
+
 def test_vllm_backend_request_style_works_unchanged(triton_server):
     expected = generate_text(triton_server, "Same either way", max_tokens=12, temperature=0.0)
     vllm_style = {"text_input": "Same either way", "exclude_input_in_output": True,

@@ -118,10 +118,33 @@ def test_only_the_outputs_the_client_asked_for_are_sent(tokenizer):
         responses = stream(sender, tokenizer, outputs=outputs)
         responses.on_output(output(tokenizer.encode("ok", add_special_tokens=False)))
         responses.on_output(output([], finished=True, reason=FinishReason.LENGTH))
-    assert all(set(r.outputs) == {"output_ids", "finish_reason"} for r, _ in asked.sent)
-    assert all(len(r.outputs) == 12 for r, _ in everything.sent)  # the perf metrics only when asked for
+    assert [set(r.outputs) for r, _ in asked.sent] == [{"output_ids", "finish_reason"}, {"finish_reason"}]
+    # The perf metrics only when asked for; no log probs without log-probs on, no ids in a response without tokens.
+    assert [len(r.outputs) for r, _ in everything.sent] == [11, 10]
     assert all(r.outputs["glm_version"].item() == 1 for r, _ in everything.sent)
     assert asked.sent[-1][0].outputs["finish_reason"].item() == b"length"
+
+
+def test_no_response_carries_an_empty_output(tokenizer):
+    """Triton 2.51's HTTP front end leaks a record for each empty output it passes on (common.without_empty): an
+    output with nothing in it is left out, and whoever reads the response takes it as empty."""
+    from triton_glm.common import output_or_empty
+    sender = Sender()
+    responses = stream(sender, tokenizer)
+    responses.on_output(output(tokenizer.encode("ok", add_special_tokens=False)))  # log-probs off
+    responses.on_output(output([], finished=True, reason=FinishReason.LENGTH))  # the last response has no token
+    assert all(array.size for r, _ in sender.sent for array in r.outputs.values())
+    (first, _), (last, _) = sender.sent
+    assert "output_log_probs" not in first.outputs and "output_ids" in first.outputs
+    assert "output_ids" not in last.outputs and last.outputs["sequence_length"].item() == 0
+
+    with_logprobs = Sender()
+    stream(with_logprobs, tokenizer).on_output(output([40, 41], logprobs=[-0.5, -1.5]))
+    assert with_logprobs.sent[0][0].outputs["output_log_probs"].tolist() == [[[-0.5, -1.5]]]
+
+    # What bls and vllm_model read of glm's responses.
+    assert output_or_empty(last, "output_ids").tolist() == []
+    assert output_or_empty(first, "output_ids").tolist() == first.outputs["output_ids"].ravel().tolist()
 
 
 def test_outputs_not_asked_for_are_not_even_made(tokenizer):

@@ -56,6 +56,11 @@ def get_input_tensor_by_name(request, name):
     return request.get(name)
 
 
+def get_output_tensor_by_name(response, name):
+    array = response.outputs.get(name)
+    return None if array is None else Tensor(name, array)
+
+
 def install(sys_modules):
     module = types.ModuleType("triton_python_backend_utils")
     for name, value in dict(globals()).items():

@@ -15,7 +15,8 @@ from glm_engine.tokenizer import GlmTokenizer
 
 from .bls_calls import exec_latest
 from .common import CODE_IN_MESSAGE, InputError, check_prompt, cut_to_text_length, error_from_callee, \
-    error_response, internal_error, only_requested, optional_scalar, required_array, resolve_model_dir, text_of
+    error_response, internal_error, only_requested, optional_scalar, output_or_empty, required_array, \
+    resolve_model_dir, text_of, without_empty
 from .request_params import answers_asked
 from .request_schema import INPUTS_BY_NAME, REQUEST_OUTPUTS
 
@@ -90,18 +91,18 @@ class Bls:
                 return pb_utils.InferenceResponse(output_tensors=[], error=error_from_callee(response.error()))
             if not response.output_tensors():  # the empty final flag
                 continue
-            token_ids += pb_utils.get_output_tensor_by_name(response, "output_ids").as_numpy().reshape(-1).tolist()
-            logprobs += pb_utils.get_output_tensor_by_name(response, "output_log_probs").as_numpy().reshape(-1).tolist()
-            text_length = int(pb_utils.get_output_tensor_by_name(response, "text_length").as_numpy().reshape(-1)[0])
+            token_ids += output_or_empty(response, "output_ids").tolist()
+            logprobs += output_or_empty(response, "output_log_probs").tolist()
+            text_length = int(output_or_empty(response, "text_length")[0])
             last = {name: tensor.as_numpy() for name in PASSED_THROUGH
                     if (tensor := pb_utils.get_output_tensor_by_name(response, name)) is not None}
         # glm answers once (streaming is off), so its text_length, if any, counts over all of token_ids.
         text = self.tokenizer.decode(token_ids)
         text = np.array([[cut_to_text_length(text, text_length).encode("utf-8")]], dtype=np.object_)
-        return pb_utils.InferenceResponse(output_tensors=only_requested(request, [
+        return pb_utils.InferenceResponse(output_tensors=without_empty(only_requested(request, [
             pb_utils.Tensor("text_output", text),
             pb_utils.Tensor("output_log_probs", np.array(logprobs, dtype=np.float32).reshape(1, 1, -1)),
-            *(pb_utils.Tensor(name, value) for name, value in last.items())]))
+            *(pb_utils.Tensor(name, value) for name, value in last.items())])))
 
     def finalize(self):
         self.pool.shutdown(wait=False, cancel_futures=True)

@@ -81,6 +81,24 @@ def only_requested(request, tensors: list) -> list:
     return [tensor for tensor in tensors if tensor.name() in names]
 
 
+def without_empty(tensors: list) -> list:
+    """The tensors that hold at least one element: no response of these models carries an empty output.
+
+    Triton 2.51's HTTP front end leaks a small record for every empty output it is given: its output allocator makes
+    one per output, and Triton's core hands it back only with a buffer, which an empty output has not. Through the
+    ensemble's generate_stream, an empty output_log_probs (log-probs off) leaked one every response: tritonserver
+    grew about 8 KB a 128-token request, without end
+    (docs/operations.md#fixed-tritonserver-grew-with-every-streamed-response).
+    Whoever reads these responses takes a missing output as an empty one (`output_or_empty`)."""
+    return [tensor for tensor in tensors if tensor.as_numpy().size]
+
+
+def output_or_empty(response, name: str) -> np.ndarray:
+    """A response's output `name`, flattened; empty when the response leaves it out (see without_empty)."""
+    tensor = pb_utils.get_output_tensor_by_name(response, name)
+    return np.zeros(0) if tensor is None else tensor.as_numpy().reshape(-1)
+
+
 def send_now(sender, response, flags: int) -> None:
     """Send a response (None: only the flags, e.g. an empty final response) through a response sender."""
     if response is None:

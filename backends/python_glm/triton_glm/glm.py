@@ -20,7 +20,8 @@ from glm_engine.tokenizer import GlmTokenizer, same_tokenizer
 from glm_engine.watchdog import Watchdog
 
 from .common import (CODE_IN_MESSAGE, TENSOR_PARALLEL_ENV, InputError, cut_to_text_length, error_response,
-                     internal_error, optional_scalar, request_parameters, required_array, resolve_model_dir, send_now)
+                     internal_error, optional_scalar, request_parameters, required_array, resolve_model_dir, send_now,
+                     without_empty)
 from .forwarding import Forwarder
 from .metrics import EngineMetrics
 from .request_params import sampling_params
@@ -341,9 +342,9 @@ class ResponseStream:
                                                                 text_length).encode("utf-8")], dtype=np.object_),
             **{name: (lambda value=value: value) for name, value in perf.items()},
         }
-        return pb_utils.InferenceResponse(output_tensors=[
+        return pb_utils.InferenceResponse(output_tensors=without_empty([
             pb_utils.Tensor(name, make()) for name, make in makers.items()
-            if self.outputs is None or name in self.outputs])
+            if self.outputs is None or name in self.outputs]))
 
 
 class PerfMetrics:

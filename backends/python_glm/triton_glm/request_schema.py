@@ -182,7 +182,8 @@ REQUEST_OUTPUTS = (
     Tensor("num_input_tokens", "INT32", "prompt tokens"),
     Tensor("num_output_tokens", "INT32", "tokens generated so far"),
     Tensor("output_log_probs", "FP32", "with log-probs on, each new token's log-probability under the model (after "
-           "penalties, before temperature and filters); empty otherwise", dims=(-1, -1)),
+           "penalties, before temperature and filters); left out otherwise (no response carries an empty output)",
+           dims=(-1, -1)),
     Tensor("cum_log_probs", "FP32", "with log-probs on, their sum; 0 otherwise", dims=(-1,)),
     Tensor("glm_version", "INT32", "the version of the `glm` model that produced the response (docs/versions.md)"),
     Tensor("sequence_index", "INT32", "which of the `num_return_sequences` answers the response belongs to (from 0)"),
@@ -208,7 +209,8 @@ REQUEST_OUTPUTS = (
 # rest as is.
 GLM_OUTPUTS = (
     REQUEST_OUTPUTS[0],
-    Tensor("output_ids", "INT32", "token ids: a chunk that decodes to whole characters", dims=(-1, -1)),
+    Tensor("output_ids", "INT32", "token ids: a chunk that decodes to whole characters; left out of a response "
+           "without any (e.g. a stream's last)", dims=(-1, -1)),
     Tensor("sequence_length", "INT32", "how many output_ids", dims=(-1,)),
     Tensor("text_length", "INT32", "characters of their text to keep (a stop string began inside); -1: all",
            dims=(-1,)),

@@ -22,7 +22,8 @@ from glm_engine.tokenizer import GlmTokenizer
 
 from .bls_calls import exec_latest
 from .common import (CODE_IN_MESSAGE, InputError, callee_error, check_prompt, error_response, internal_error,
-                     optional_scalar, request_parameters, required_array, resolve_model_dir, send_now, text_of)
+                     optional_scalar, output_or_empty, request_parameters, required_array, resolve_model_dir, send_now,
+                     text_of)
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ class VllmStyleModel:
 
     def _vllm_response(self, response, wanted: set[str], sent_tokens: dict[int, int]):
         def output(name):
-            return pb_utils.get_output_tensor_by_name(response, name).as_numpy().reshape(-1)
+            return output_or_empty(response, name)
 
         index = int(output("sequence_index")[0])
         total = int(output("num_output_tokens")[0])
