@@ -60,27 +60,32 @@ def ensemble_inputs(module, prompt: str, **params):
     return inputs
 
 
-def grpc_stream(server, prompt: str, **params) -> list[str]:
-    """Pieces of one streamed request over gRPC bidirectional streaming (start_stream / async_stream_infer)."""
+def stream_results(server, model: str, inputs) -> list:
+    """Every result of one request over gRPC bidirectional streaming (start_stream / async_stream_infer), up to the
+    one with Triton's final flag."""
     results: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(server.grpc_url)
     client.start_stream(callback=lambda result, error: results.put((result, error)))
     try:
-        client.async_stream_infer("ensemble", ensemble_inputs(grpcclient, prompt, stream=True, **params),
-                                  enable_empty_final_response=True)
-        pieces = []
+        client.async_stream_infer(model, inputs, enable_empty_final_response=True)
+        received = []
         while True:
             result, error = results.get(timeout=120)
             if error is not None:
                 raise error
-            response = result.get_response()
-            if response.outputs:
-                pieces.append(result.as_numpy("text_output").reshape(-1)[0].decode())
-            if response.parameters["triton_final_response"].bool_param:
-                return pieces
+            received.append(result)
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return received
     finally:
         client.stop_stream()
         client.close()
+
+
+def grpc_stream(server, prompt: str, **params) -> list[str]:
+    """Pieces of one streamed request to the ensemble over gRPC."""
+    results = stream_results(server, "ensemble", ensemble_inputs(grpcclient, prompt, stream=True, **params))
+    return [result.as_numpy("text_output").reshape(-1)[0].decode() for result in results
+            if result.get_response().outputs]
 
 
 def assert_still_serving(server):
@@ -239,19 +244,9 @@ def test_no_response_carries_an_empty_output(triton_server, demo_model_dir):
                          json={"text_input": "Count me", "max_tokens": 6}).json()
     assert body["text_output"] and "output_log_probs" not in body
 
-    results: queue.Queue = queue.Queue()
-    client = grpcclient.InferenceServerClient(triton_server.grpc_url)
-    client.start_stream(callback=lambda result, error: results.put((result, error)))
-    client.async_stream_infer("glm", glm_inputs(demo_model_dir, "Count me", 6, streaming=True),
-                              enable_empty_final_response=True)
-    outputs = []
-    while True:
-        result, error = results.get(timeout=60)
-        assert error is None
-        outputs += [(output.name, result.as_numpy(output.name)) for output in result.get_response().outputs]
-        if result.get_response().parameters["triton_final_response"].bool_param:
-            break
-    client.stop_stream()
+    results = stream_results(triton_server, "glm", glm_inputs(demo_model_dir, "Count me", 6, streaming=True))
+    outputs = [(output.name, result.as_numpy(output.name)) for result in results
+               for output in result.get_response().outputs]
     assert {name for name, _ in outputs} >= {"output_ids", "text_output", "finish_reason"}
     assert all(array.size for _, array in outputs), [name for name, array in outputs if not array.size]
 

@@ -23,7 +23,7 @@ from glm_engine.tokenizer import GlmTokenizer
 from .bls_calls import exec_latest
 from .common import (CODE_IN_MESSAGE, InputError, callee_error, check_prompt, error_response, internal_error,
                      optional_scalar, output_or_empty, request_parameters, required_array, resolve_model_dir, send_now,
-                     text_of)
+                     text_of, without_empty)
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ class VllmStyleModel:
             new = total - sent_tokens.get(index, 0)
             tensors.append(pb_utils.Tensor("num_output_tokens", np.array([new], dtype=np.uint32)))
         sent_tokens[index] = total
-        return pb_utils.InferenceResponse(output_tensors=tensors)
+        return pb_utils.InferenceResponse(output_tensors=without_empty(tensors))
 
     def _stop(self, request_id: str) -> None:
         """TensorRT-LLM's `stop` on glm for this request id (glm passes it on to another version it forwarded to)."""
