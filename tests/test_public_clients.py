@@ -17,11 +17,17 @@ from support import REPO
 
 TRTLLM_CLIENTS = os.path.join(REPO, "tests", "public_clients", "tensorrtllm_backend")
 VLLM_CLIENT = os.path.join(REPO, "tests", "public_clients", "vllm_backend", "client.py")
+# Runs a client as `python script` does, without the interpreter teardown in which grpc can hang (its docstring).
+RUN_THEN_EXIT = os.path.join(REPO, "tests", "support", "run_then_exit.py")
 FAILURE_MARKERS = ("Received an error from server", "Traceback (most recent call last)", "InferenceServerException")
 
 
+def client_command(script: str, *args: str) -> list[str]:
+    return [sys.executable, RUN_THEN_EXIT, script, *args]
+
+
 def run_client(script: str, *args: str) -> str:
-    done = subprocess.run([sys.executable, os.path.join(TRTLLM_CLIENTS, script), *args], capture_output=True,
+    done = subprocess.run(client_command(os.path.join(TRTLLM_CLIENTS, script), *args), capture_output=True,
                           text=True, timeout=120)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
@@ -51,12 +57,13 @@ def test_tensorrt_llm_end_to_end_client_with_several_answers_and_perf_metrics(tr
 
 
 def test_tensorrt_llm_end_to_end_client_hears_what_is_not_supported(triton_server):
-    done = subprocess.run([sys.executable, os.path.join(TRTLLM_CLIENTS, "end_to_end_grpc_client.py"), "-u",
-                           triton_server.grpc_url, "-p", "x", "-o", "4", "--beam-width", "2"],
+    done = subprocess.run(client_command(os.path.join(TRTLLM_CLIENTS, "end_to_end_grpc_client.py"), "-u",
+                                         triton_server.grpc_url, "-p", "x", "-o", "4", "--beam-width", "2"),
                           capture_output=True, text=True, timeout=120)
     assert "input 'beam_width' must be 1 (not supported: beam search)" in done.stdout
-    batched = subprocess.run([sys.executable, os.path.join(TRTLLM_CLIENTS, "end_to_end_grpc_client.py"), "-u",
-                              triton_server.grpc_url, "-p", '["one", "two"]', "-o", "4", "--batch-inputs"],
+    batched = subprocess.run(client_command(os.path.join(TRTLLM_CLIENTS, "end_to_end_grpc_client.py"), "-u",
+                                            triton_server.grpc_url, "-p", '["one", "two"]', "-o", "4",
+                                            "--batch-inputs"),
                              capture_output=True, text=True, timeout=120)
     assert "one prompt per request, got 2: send each prompt as a request of its own" in batched.stdout
 
@@ -83,8 +90,9 @@ def test_vllm_backend_sample_client_on_vllm_model(triton_server, tmp_path, optio
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("def main():\n你好\n")
     results = tmp_path / "results.txt"
-    done = subprocess.run([sys.executable, VLLM_CLIENT, "-u", triton_server.grpc_url, "--input-prompts", str(prompts),
-                           "--results-file", str(results), *options], capture_output=True, text=True, timeout=120,
+    done = subprocess.run(client_command(VLLM_CLIENT, "-u", triton_server.grpc_url, "--input-prompts", str(prompts),
+                                         "--results-file", str(results), *options), capture_output=True, text=True,
+                          timeout=120,
                           cwd=tmp_path)
     assert "PASS: vLLM example" in done.stdout, done.stdout + done.stderr
     answers = results.read_text().split("\n=========\n")[:2]
