@@ -505,13 +505,30 @@ def test_a_shared_prompt_prefix_is_reused(triton_server):
     assert generate_text(triton_server, system + "First question?", max_tokens=8) == first  # reuse changes nothing
 
 
-def test_a_cancelled_glm_stream_frees_its_blocks_within_a_step(triton_server, demo_model_dir):
-    inputs = glm_inputs(demo_model_dir, "a long story", 4000, streaming=True)  # outlasts the cancel
+def vllm_model_inputs(prompt: str, max_tokens: int) -> list:
+    """A streaming vllm_model request as vllm_backend's clients send it (tensors without a batch dimension)."""
+    inputs = []
+    for name, value, datatype in (("text_input", np.array([prompt.encode()], dtype=np.object_), "BYTES"),
+                                  ("stream", np.array([True]), "BOOL"), ("ignore_eos", np.array([True]), "BOOL"),
+                                  ("sampling_parameters",
+                                   np.array([json.dumps({"max_tokens": max_tokens}).encode()], dtype=np.object_),
+                                   "BYTES")):
+        inputs.append(grpcclient.InferInput(name, list(value.shape), datatype))
+        inputs[-1].set_data_from_numpy(value)
+    return inputs
+
+
+@pytest.mark.parametrize("model", ["glm", "vllm_model"])
+def test_a_cancelled_stream_frees_its_blocks_within_a_step(triton_server, demo_model_dir, model):
+    """A gRPC stream cancelled by its client: glm sees it at its next cancellation check; vllm_model sees it at glm's
+    next response and stops glm's request, whose id is vllm_model's own when the client gave none (as here)."""
+    inputs = (glm_inputs(demo_model_dir, "a long story", 4000, streaming=True) if model == "glm"
+              else vllm_model_inputs("a long story", 4000))  # outlasts the cancel
     cancelled_before = metric(metrics(triton_server), "glm_requests_finished_total", finish_reason="cancelled")
     results: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(triton_server.grpc_url)
     client.start_stream(callback=lambda result, error: results.put((result, error)))
-    client.async_stream_infer("glm", inputs)
+    client.async_stream_infer(model, inputs)
     results.get(timeout=60)  # the first tokens arrived: the request is running and holds blocks
     assert metric(metrics(triton_server), "glm_kv_blocks_used") > 0
     client.stop_stream(cancel_requests=True)

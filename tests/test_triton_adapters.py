@@ -187,6 +187,36 @@ def test_perf_metrics_are_sent_when_asked_for(tokenizer):
     assert times == sorted(times) and times[0] > 0
 
 
+def test_vllm_model_stops_glms_request_when_a_send_fails(tokenizer, monkeypatch):
+    """A send to vllm_model's client that raises (the client went away) ends glm's request with a `stop` before the
+    glm call is closed: closing waits for glm's last response, which would otherwise come only at max_tokens."""
+    from triton_glm import vllm_style
+    events = []
+
+    def glm_call(request, caller):  # glm generating until it is stopped
+        try:
+            while ("stop", "r-1") not in events:
+                yield fake_pb_utils.InferenceResponse([fake_pb_utils.Tensor(name, np.array(value)) for name, value in (
+                    ("text_output", [b"a"]), ("sequence_index", [0]), ("num_output_tokens", [1]))]), False
+        finally:
+            events.append("closed")
+
+    class GoneAfterOne(Sender):
+        def send(self, response=None, flags=0):
+            if self.sent:
+                raise RuntimeError("the client went away")
+            super().send(response, flags)
+
+    monkeypatch.setattr(vllm_style, "exec_latest", glm_call)
+    model = vllm_style.VllmStyleModel.__new__(vllm_style.VllmStyleModel)
+    model.tokenizer, model.engine_model = tokenizer, "glm"
+    monkeypatch.setattr(model, "_stop", lambda request_id: events.append(("stop", request_id)))
+    sender = GoneAfterOne()
+    model._relay("glm request", sender, {"text_output"}, "r-1")
+    assert events == [("stop", "r-1"), "closed"]
+    assert len(sender.sent) == 1
+
+
 def test_engine_errors_become_internal_error_responses(tokenizer):
     sender = Sender()
     stream(sender, tokenizer).on_output(

@@ -26,6 +26,12 @@ class InferenceResponse:
         self.outputs = {t.name: t.array for t in output_tensors}
         self.error = error
 
+    def has_error(self):
+        return self.error is not None
+
+    def output_tensors(self):
+        return [Tensor(name, array) for name, array in self.outputs.items()]
+
 
 metric_calls = []  # (family name, labels, "set" | "increment" | "observe", value), in the order made
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -46,7 +47,7 @@ class VllmStyleModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                glm_request, wanted = self._glm_request(request)
+                glm_request, wanted, request_id = self._glm_request(request)
             except InputError as exc:
                 sender.send(error_response(str(exc)), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
@@ -54,7 +55,7 @@ class VllmStyleModel:
                 sender.send(internal_error("reading a vllm_model request"),
                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
-            self.pool.submit(self._relay, glm_request, sender, wanted, request.request_id())
+            self.pool.submit(self._relay, glm_request, sender, wanted, request_id)
         return None
 
     def _glm_request(self, request):
@@ -87,20 +88,25 @@ class VllmStyleModel:
         ignore_eos = optional_scalar(request, "ignore_eos", None, bool)  # genai-perf's extra input
         if ignore_eos is not None:
             inputs.append(pb_utils.Tensor("ignore_eos", np.array([[ignore_eos]])))
+        # glm's request always has an id, the client's or one of its own, so that a `stop` can end it (_relay).
+        request_id = request.request_id() or f"vllm_model-{uuid.uuid4().hex}"
         glm_request = pb_utils.InferenceRequest(
-            model_name=self.engine_model, inputs=inputs, request_id=request.request_id(),
+            model_name=self.engine_model, inputs=inputs, request_id=request_id,
             requested_output_names=GLM_OUTPUTS, parameters={CODE_IN_MESSAGE: True})
-        return glm_request, wanted
+        return glm_request, wanted, request_id
 
     def _relay(self, glm_request, sender, wanted: set[str], request_id: str) -> None:
+        """glm's responses to the client as vllm_backend's. When the client goes away, or a send or this relay fails,
+        glm's request is stopped before its call is closed: closing waits for glm's last response, which would
+        otherwise come only at max_tokens."""
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         sent_tokens: dict[int, int] = {}  # per answer: output tokens reported so far (vllm reports each response's)
-        finished = stopped = False
+        finished = cancelled = False
+        glm_responses = exec_latest(glm_request, sender)
         try:
-            for response, cancelled in exec_latest(glm_request, sender):
-                if cancelled and request_id:  # the client went away: end the request in the engine
+            for response, cancelled in glm_responses:
+                if cancelled:  # the client went away: end the request in the engine
                     self._stop(request_id)
-                    stopped = True
                     break
                 if response.has_error():
                     code, message = callee_error(response.error(), untagged="UNAVAILABLE")
@@ -116,10 +122,14 @@ class VllmStyleModel:
                 sender.send(flags=final)
         except Exception:
             if not finished:
+                if not cancelled:
+                    self._stop(request_id)
                 try:
-                    send_now(sender, None if stopped else internal_error("answering a vllm_model request"), final)
+                    send_now(sender, None if cancelled else internal_error("answering a vllm_model request"), final)
                 except Exception:  # the client went away
                     log.exception("closing a vllm_model request failed")
+        finally:
+            glm_responses.close()
 
     def _vllm_response(self, response, wanted: set[str], sent_tokens: dict[int, int]):
         def output(name):
