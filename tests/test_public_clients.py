@@ -92,8 +92,7 @@ def test_vllm_backend_sample_client_on_vllm_model(triton_server, tmp_path, optio
     results = tmp_path / "results.txt"
     done = subprocess.run(client_command(VLLM_CLIENT, "-u", triton_server.grpc_url, "--input-prompts", str(prompts),
                                          "--results-file", str(results), *options), capture_output=True, text=True,
-                          timeout=120,
-                          cwd=tmp_path)
+                          timeout=120, cwd=tmp_path)
     assert "PASS: vLLM example" in done.stdout, done.stdout + done.stderr
     answers = results.read_text().split("\n=========\n")[:2]
     assert all(answer.strip() for answer in answers)

@@ -27,7 +27,7 @@ except SystemExit as exit_:
     else:  # sys.exit("message"): Python prints the message and exits with 1
         print(exit_.code, file=sys.stderr)
         code = 1
-except BaseException:  # noqa: BLE001 - as Python would: the traceback on stderr, exit code 1
+except BaseException:  # as Python would: the traceback on stderr, exit code 1
     traceback.print_exc()
     code = 1
 finally:
