@@ -37,6 +37,8 @@ from .launcher import ADMIN_KEY_ENV, ADMIN_KEY_HEADER
 PROBE_FILE = "probe.json"  # a checkpoint's own probe; the tool keeps each version's in its state folder
 PROBE_PROMPT = "The model repository holds numbered versions of the model"
 PROBE_TOKENS = 8
+# A version's engine parameters that change its greedy answer, which its computed probe is run with.
+PROBE_PARAMETERS = ("quantization", "quantize_lm_head")
 WARMUP_REQUESTS = 4
 
 
@@ -132,7 +134,7 @@ class VersionManager:
                     raise VersionError(f"version {version} exists already, for {existing}; deploy a new number")
                 note(f"{model_dir}; serving: version {traffic.stable} (loaded: {loaded})")
             with step("probe answer") as note:
-                probe, source = probe_for(model_dir, (parameters or {}).get("quantization", "auto"))
+                probe, source = probe_for(model_dir, parameters)
                 note(f"{len(probe['token_ids'])} greedy tokens for {probe['prompt']!r} ({source})")
             first_split = read_traffic(self.model_path) is None
             if first_split:  # else the new version, the newest, would take Triton's traffic
@@ -370,10 +372,10 @@ def check_checkpoint(model_dir: str) -> None:
         raise VersionError(f"the checkpoint {model_dir} has no *.safetensors weights")
 
 
-def probe_for(model_dir: str, quantization: str = "auto") -> tuple[dict, str]:
+def probe_for(model_dir: str, parameters: dict[str, str] | None = None) -> tuple[dict, str]:
     """The probe and the greedy answer the checkpoint must give: its own probe.json ({"prompt", "token_ids"}), or
-    computed here on the CPU with the engine (float32, with the version's quantization) and the checkpoint's
-    tokenizer."""
+    computed here on the CPU with the engine (float32, with the version's parameters that change its numbers:
+    PROBE_PARAMETERS) and the checkpoint's tokenizer."""
     path = os.path.join(model_dir, PROBE_FILE)
     if os.path.exists(path):
         with open(path) as f:
@@ -385,9 +387,11 @@ def probe_for(model_dir: str, quantization: str = "auto") -> tuple[dict, str]:
     from glm_engine import EngineConfig, LLMEngine, SamplingParams
     from glm_engine.tokenizer import GlmTokenizer
 
+    numbers = {key: value for key, value in (parameters or {}).items() if key in PROBE_PARAMETERS}
     try:
-        engine = LLMEngine(EngineConfig(model_dir=model_dir, device="cpu", dtype="float32", num_kv_blocks=16,
-                                        max_num_seqs=1, quantization=quantization))
+        engine = LLMEngine(EngineConfig.from_parameters({
+            "model_dir": model_dir, "device": "cpu", "dtype": "float32", "num_kv_blocks": "16", "max_num_seqs": "1",
+            **numbers}))
         prompt_ids = GlmTokenizer(model_dir).encode(PROBE_PROMPT)
         answer = engine.generate([prompt_ids], SamplingParams(temperature=0.0, max_tokens=PROBE_TOKENS))[0]
     except (ValueError, OSError) as exc:

@@ -7,14 +7,16 @@
 (run ./scripts/setup_env.sh requirements-test.txt once first: it installs transformers, the baseline). It measures, on one fixed, seeded mix
 of prompt lengths (16-512 tokens) and output lengths (16-256), every request running to its own length:
   - output tokens/s of the engine offline (all requests submitted at once; greedy, greedy with int8 weights and
-    activations, greedy on two tensor-parallel ranks over gloo (engine_offline_tp2), greedy with the torch decode
-    attention instead of the C kernel on the CPU (engine_offline_torch_attention), greedy with the layers' float work
-    in oneDNN and torch instead of the C kernels (engine_offline_torch_layers), and sampling with GLM-4's
+    activations (with the LM head in int8 too: engine_offline_int8_lm_head), greedy on two tensor-parallel ranks
+    over gloo (engine_offline_tp2), greedy with the torch decode attention instead of the C kernel on the CPU
+    (engine_offline_torch_attention), greedy with the layers' float work in oneDNN and torch instead of the C
+    kernels (engine_offline_torch_layers), and sampling with GLM-4's
     default temperature 0.8 and top_p 0.8), of transformers' generate() (greedy)
     (a) one request at a time and (b) in static left-padded batches of --batch-size, and of the engine through
     the real tritonserver with one gRPC stream per request, all at once, from one asyncio loop (--client threads:
-    a thread and a channel a stream) (float32, and int8: the int8 runs are compared with the float32 ones of the
-    same round; each also with inter_token_latency_metric per_request, compared with the default per_token);
+    a thread and a channel a stream) (float32, int8, and int8 with the LM head too: the int8 runs are compared
+    with the float32 ones of the same round; each also with inter_token_latency_metric per_request, compared with
+    the default per_token);
   - time to first token and inter-token latency (P50/P99) of the Triton run, as its clients see them, and the CPU
     seconds the server, glm's stub, the other models' stubs and the clients used during it;
   - KV waste at the engine's peak: allocated minus used token slots, over allocated;
@@ -98,11 +100,12 @@ GLM4_SAMPLING = dict(temperature=0.8, top_p=0.8)
 
 def bench_engine_offline(model_dir: str, requests, sampling: dict | None = None, quantization: str = "none",
                          tensor_parallel_size: int = 1, attention_backend: str = "auto",
-                         layer_backend: str = "auto") -> dict:
+                         layer_backend: str = "auto", quantize_lm_head: bool = False) -> dict:
     """Greedy, or with `sampling` settings (each request seeded by its index)."""
     engine = LLMEngine(EngineConfig(model_dir=model_dir, max_num_seqs=len(requests), num_kv_blocks=4096,
                                     quantization=quantization, tensor_parallel_size=tensor_parallel_size,
-                                    attention_backend=attention_backend, layer_backend=layer_backend))
+                                    attention_backend=attention_backend, layer_backend=layer_backend,
+                                    quantize_lm_head=quantize_lm_head))
     for index, (prompt, length) in enumerate(requests):
         settings = dict(sampling, seed=index) if sampling else {}
         engine.add_request(f"b{index}", prompt, SamplingParams(max_tokens=length, stop_token_ids=(), **settings))
@@ -292,8 +295,9 @@ def _threaded_clients(url: str, requests: list[dict]) -> tuple[float, list]:
 
 
 # The runs whose output tokens/s are compared, in the order of the table.
-RUNS = ("engine_through_triton", "engine_through_triton_int8", "engine_through_triton_itl_per_request",
-        "engine_through_triton_int8_itl_per_request", "engine_offline", "engine_offline_int8",
+RUNS = ("engine_through_triton", "engine_through_triton_int8", "engine_through_triton_int8_lm_head",
+        "engine_through_triton_itl_per_request", "engine_through_triton_int8_itl_per_request", "engine_offline",
+        "engine_offline_int8", "engine_offline_int8_lm_head",
         "engine_offline_tp2", "engine_offline_torch_attention", "engine_offline_torch_layers", "engine_offline_sampled",
         "transformers_static_batches",
         "transformers_one_at_a_time")
@@ -301,6 +305,8 @@ THROUGH_TRITON = tuple(name for name in RUNS if "through_triton" in name)
 # Runs against another run of the same round: (run, the run it is compared with, the ratio's name).
 PAIRS = (("engine_offline_int8", "engine_offline", "vs_float32"),
          ("engine_through_triton_int8", "engine_through_triton", "vs_float32"),
+         ("engine_offline_int8_lm_head", "engine_offline", "vs_float32"),
+         ("engine_through_triton_int8_lm_head", "engine_through_triton", "vs_float32"),
          ("engine_through_triton_itl_per_request", "engine_through_triton", "vs_itl_per_token"),
          ("engine_through_triton_int8_itl_per_request", "engine_through_triton_int8", "vs_itl_per_token"),
          ("engine_offline_tp2", "engine_offline", "vs_one_rank"),
@@ -316,6 +322,8 @@ def measurements(model_dir: str, requests, batch_size: int, client: str = "async
     return {
         "engine_offline": lambda: bench_engine_offline(model_dir, requests),
         "engine_offline_int8": lambda: bench_engine_offline(model_dir, requests, quantization="int8"),
+        "engine_offline_int8_lm_head": lambda: bench_engine_offline(model_dir, requests, quantization="int8",
+                                                                    quantize_lm_head=True),
         "engine_offline_tp2": lambda: bench_engine_offline(model_dir, requests, tensor_parallel_size=2),
         "engine_offline_torch_attention": lambda: bench_engine_offline(model_dir, requests, attention_backend="torch"),
         "engine_offline_torch_layers": lambda: bench_engine_offline(model_dir, requests, layer_backend="torch"),
@@ -326,6 +334,8 @@ def measurements(model_dir: str, requests, batch_size: int, client: str = "async
         "prefix_cache": lambda: bench_prefix_cache(model_dir),
         "engine_through_triton": lambda: bench_triton(model_dir, requests, client=client),
         "engine_through_triton_int8": lambda: bench_triton(model_dir, requests, parameters=INT8, client=client),
+        "engine_through_triton_int8_lm_head": lambda: bench_triton(
+            model_dir, requests, parameters={**INT8, "quantize_lm_head": "true"}, client=client),
         # What observing the inter-token latency at every token costs (docs/operations.md#metrics)
         "engine_through_triton_itl_per_request": lambda: bench_triton(model_dir, requests, parameters=PER_REQUEST,
                                                                       client=client),

@@ -5,8 +5,8 @@
                                                    [--windows 64] [--prompts 100] [--max-tokens 32] [--json F]
 
 For each quantization (the engine's `quantization` parameter; fp8 is emulated on the CPU, which gives FP8's numbers
-and not its speed; "+lm_head": the LM head quantized too, which the engine does not do) it measures, with the engine
-itself:
+and not its speed; "+lm_head": the LM head quantized too, the engine's quantize_lm_head, off by default) it
+measures, with the engine itself:
   - the perplexity of the held-out text of glm_tools/train_demo.py (files the model never trained on), over
     --windows windows of 256 tokens, each computed from an empty KV cache;
   - greedy agreement with the first method (float): over --prompts prompts (the first 32 tokens of held-out
@@ -24,41 +24,26 @@ import os
 import sys
 import time
 
-from safetensors import safe_open
 from tokenizers import Tokenizer
 
 from glm_engine import EngineConfig, LLMEngine, SamplingParams
 from glm_engine.memory import weight_bytes
-from glm_engine.quantization import QuantizedLinear, quantize_weight
 from glm_tools.demo_model import TRAINED_CHECKPOINT
 from glm_tools.quality import WINDOW, held_out_stream, perplexity, windows
 
 PROMPT_TOKENS = 32
 
 
-def quantize_lm_head(engine: LLMEngine, model_dir: str, method: str) -> None:
-    """The experiment behind keeping the LM head in float: the engine's LM head replaced by an 8-bit one made from
-    the checkpoint's weight, as the decoder layers' projections are."""
-    with safe_open(os.path.join(model_dir, "model.safetensors"), framework="pt") as f:
-        weight = f.get_tensor("lm_head.weight").float()
-    head = QuantizedLinear(weight.shape[1], weight.shape[0], bias=False, method=method)
-    head.weight, head.weight_scale = quantize_weight(weight, method)
-    if engine.runner.device.type == "cpu":
-        head.pack_for_cpu(engine.runner.layer_kernels)
-    engine.runner.model.lm_head = head
-
-
 def measure(model_dir: str, method: str, token_windows, prompts, max_tokens: int) -> dict:
     """method: a quantization, or one with "+lm_head" (the LM head quantized too)."""
     quantization, _, head = method.partition("+")
-    engine = LLMEngine(EngineConfig(model_dir=model_dir, quantization=quantization, num_kv_blocks=1024))
-    if head:
-        quantize_lm_head(engine, model_dir, quantization)
+    engine = LLMEngine(EngineConfig(model_dir=model_dir, quantization=quantization, quantize_lm_head=bool(head),
+                                    num_kv_blocks=1024))
     started = time.perf_counter()
     ppl = perplexity(engine, token_windows)
     seconds = time.perf_counter() - started
     outputs = engine.generate(prompts, SamplingParams(max_tokens=max_tokens, stop_token_ids=()))
-    quantized = engine.runner.quantized_weight_names | ({"lm_head.weight"} if head else set())
+    quantized = engine.runner.quantized_weight_names
     return {"method": method, "perplexity": ppl, "perplexity_seconds": seconds, "outputs": outputs,
             "weight_bytes": weight_bytes(model_dir, engine.runner.dtype, quantized)}
 

@@ -112,6 +112,10 @@ class EngineConfig:
     # (per output channel, activations per token, integer matmuls), "fp8" (float8_e4m3fn likewise; FP8 tensor cores
     # on CUDA 8.9+, emulated elsewhere). "auto": an FP8 checkpoint stays FP8 where the GPU runs it, else none.
     quantization: str = "auto"
+    # The LM head in the projections' 8 bits too (int8 or fp8, as quantization resolves; an error with none): faster
+    # and smaller, but it changes more greedy answers than it does perplexity (docs/quantization.md). Off by default,
+    # as TensorRT-LLM's quantize_lm_head and GLM's own FP8 releases leave the head in float.
+    quantize_lm_head: bool = False
     # Tokens per KV block.
     block_size: int = 16
     # Size of the KV pool in blocks; 0 sizes it from kv_cache_memory_mb (CPU) or gpu_memory_utilization (CUDA).

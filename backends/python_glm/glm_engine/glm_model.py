@@ -17,7 +17,7 @@ from torch import nn
 from . import cpu_elementwise_kernel, cpu_linear_kernel
 from .attention import AttentionMetadata, paged_attention, write_kv
 from .config import CheckpointError, ModelConfig
-from .quantization import QuantizedLinear
+from .quantization import QuantizedLinear, quantize_weight
 from .tensor_parallel import Shard
 
 
@@ -247,14 +247,17 @@ class Backbone(nn.Module):
 
 
 class GlmForCausalLM(nn.Module):
-    def __init__(self, config: ModelConfig, quantization: str = "none", shard: Shard = Shard()):
-        """quantization: none, int8 or fp8 (glm_engine/quantization.py) for the decoder layers' projections.
-        shard: the part of the model this rank holds (tensor parallelism); by default the whole."""
+    def __init__(self, config: ModelConfig, quantization: str = "none", shard: Shard = Shard(),
+                 quantize_lm_head: bool = False):
+        """quantization: none, int8 or fp8 (glm_engine/quantization.py) for the decoder layers' projections, and for
+        the LM head too with quantize_lm_head. shard: the part of the model this rank holds (tensor parallelism); by
+        default the whole."""
         super().__init__()
         self.config, self.shard = config, shard
         self.model = Backbone(config, quantization, shard)
         self.rotary = RotaryEmbedding(config)
-        self.lm_head = Linear(config.hidden_size, shard.vocab_rows(config), bias=False)
+        self.lm_head = make_linear(config.hidden_size, shard.vocab_rows(config), False,
+                                   quantization if quantize_lm_head else "none")
 
     def forward(self, input_ids, positions, kv_caches, meta: AttentionMetadata) -> torch.Tensor:
         """input_ids, positions: [tokens]; kv_caches: one (k, v) pair per layer. Returns hidden states [tokens, hidden]."""
@@ -280,7 +283,10 @@ class GlmForCausalLM(nn.Module):
         nn.Linear's path; torch operators). int8 weights are packed for the kernel that runs them with those
         (QuantizedLinear.pack_for_cpu)."""
         tied = self.config.tie_word_embeddings and "lm_head.weight" not in state
-        if tied:
+        if tied and isinstance(self.lm_head, QuantizedLinear):  # an 8-bit copy of the shared weight
+            values, scales = quantize_weight(state["model.embed_tokens.weight"], self.lm_head.method)
+            state = {**state, "lm_head.weight": values, "lm_head.weight_scale": scales}
+        elif tied:
             state = {**state, "lm_head.weight": state["model.embed_tokens.weight"]}
         # Some exporters store the rotary frequencies; they are recomputed here.
         state = {k: v for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}

@@ -193,6 +193,10 @@ class ModelRunner:
         self.decode_kernel = choose_decode_kernel(config.attention_backend, self.device, self.dtype)
         stored = stored_precision(config.model_dir).method
         self.quantization = resolve_method(config.quantization, stored, self.device)
+        if config.quantize_lm_head and self.quantization == "none":
+            served_in = str(self.dtype).removeprefix("torch.")
+            raise ValueError("quantize_lm_head needs the projections in 8 bits: quantization int8 or fp8 (or an FP8 "
+                             f"checkpoint served in FP8), but they are served in {served_in}")
         self.layer_kernels = choose_layer_kernels(config.layer_backend, self.device, self.dtype, self.quantization)
         if threads := cpu_threads(config, shard):
             torch.set_num_threads(threads)
@@ -206,7 +210,7 @@ class ModelRunner:
 
         # Built on the meta device so no memory is spent on random initial weights, then filled from the files.
         with torch.device("meta"):
-            self.model = GlmForCausalLM(model_config, self.quantization, shard)
+            self.model = GlmForCausalLM(model_config, self.quantization, shard, config.quantize_lm_head)
         # Named before load_weights fuses q/k/v: the checkpoint's names (the memory check counts them too).
         self.quantized_weight_names = self.model.quantized_weight_names()
         self._check_memory(config, self.quantized_weight_names)
