@@ -244,7 +244,7 @@ def test_engine_quantized_against_float32(gentler_tiny_model, method, vnni, laye
     assert layer.self_attn.qkv_proj.kernel == kernel
     assert not isinstance(engine.runner.model.lm_head, QuantizedLinear)  # the LM head stays in float by default
     assert worst < logit_error_bound(engine, method), worst
-    assert compared >= 25 and decisive >= 5 and agreed
+    assert compared >= 30 and decisive >= 5 and agreed
     assert engine.pool.num_free_blocks == engine.pool.num_blocks
 
 
@@ -261,7 +261,7 @@ def test_quantize_lm_head_puts_the_head_in_8_bits_too(tmp_path, method, tied):
     assert "lm_head.weight" in engine.runner.quantized_weight_names
     assert model.model.embed_tokens.weight.dtype == torch.float32
     assert worst < logit_error_bound(engine, method), worst
-    assert compared >= 25 and decisive >= 5 and agreed
+    assert compared >= 25 and decisive >= 5 and agreed  # fp8 with its own head: 29 steps before the answers part
 
 
 def test_quantize_lm_head_needs_8_bit_projections(tiny_model):
@@ -412,13 +412,14 @@ def test_quantized_weights_take_a_byte_each(tiny_model, method):
 def test_a_versions_probe_is_computed_with_its_quantization(demo_model_dir, parameters):
     """glm_versions.py deploy --set quantization=int8 (or fp8 with quantize_lm_head=true, whose probe answer on the
     demo model differs from fp8's alone) checks the new version against that engine's own greedy answer; the
-    parameters that do not change it (here the KV pool's size) are left out."""
+    version's other parameters are left out (passed on, this max_num_seqs would be refused)."""
     from glm_engine import SamplingParams
     from glm_engine.tokenizer import GlmTokenizer
     from glm_tools.versions import PROBE_PROMPT, PROBE_TOKENS, VersionError, probe_for
 
-    probe, _ = probe_for(demo_model_dir, {**parameters, "kv_cache_memory_mb": "99999999"})
-    engine = LLMEngine(EngineConfig.from_parameters({"model_dir": demo_model_dir, "num_kv_blocks": "16", **parameters}))
+    probe, _ = probe_for(demo_model_dir, {**parameters, "max_num_seqs": "0"})
+    engine = LLMEngine(EngineConfig.from_parameters({"model_dir": demo_model_dir, "num_kv_blocks": "16",
+                                                     **parameters}))
     prompt = GlmTokenizer(demo_model_dir).encode(PROBE_PROMPT)
     assert probe["token_ids"] == engine.generate([prompt], SamplingParams(max_tokens=PROBE_TOKENS))[0]
     with pytest.raises(VersionError, match="quantization must be auto, none, int8, fp8"):
