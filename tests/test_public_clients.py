@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from support import REPO
+from support.server import grpc_inputs
 
 TRTLLM_CLIENTS = os.path.join(REPO, "tests", "public_clients", "tensorrtllm_backend")
 VLLM_CLIENT = os.path.join(REPO, "tests", "public_clients", "vllm_backend", "client.py")
@@ -105,16 +106,10 @@ def vllm_request(url: str, settings: dict, stream: bool, switches=("return_finis
                  outputs=None) -> list:
     """One request as vllm_backend's clients make it (no batch dimension), its responses' outputs as numpy.
     `outputs`: the outputs to name (None: none, so Triton asks for all)."""
-    inputs = []
-    for name, value, datatype in (("text_input", np.array([b"count to ten"], dtype=np.object_), "BYTES"),
-                                  ("stream", np.array([stream]), "BOOL"),
-                                  ("exclude_input_in_output", np.array([True]), "BOOL"),
-                                  ("sampling_parameters", np.array([json.dumps(settings).encode()], dtype=np.object_),
-                                   "BYTES"),
-                                  *((switch, np.array([True]), "BOOL") for switch in switches)):
-        tensor = grpcclient.InferInput(name, list(value.shape), datatype)
-        tensor.set_data_from_numpy(value)
-        inputs.append(tensor)
+    inputs = grpc_inputs(("text_input", np.array([b"count to ten"], dtype=np.object_), "BYTES"),
+                         ("stream", np.array([stream]), "BOOL"), ("exclude_input_in_output", np.array([True]), "BOOL"),
+                         ("sampling_parameters", np.array([json.dumps(settings).encode()], dtype=np.object_), "BYTES"),
+                         *((switch, np.array([True]), "BOOL") for switch in switches))
     results: queue.SimpleQueue = queue.SimpleQueue()
     client = grpcclient.InferenceServerClient(url)
     client.start_stream(callback=lambda result, error: results.put((result, error)))

@@ -17,8 +17,8 @@ import requests
 import tritonclient.grpc as grpcclient
 from support.checkpoints import make_tiny_checkpoint
 from support.reference import prompts
-from support.server import (abandon_a_stream, crashes_since, glm_stub_of, kernel_log, metric, metrics, ready,
-                            running_launcher, running_server, stream, stub_threads, wait_for)
+from support.server import (abandon_a_stream, crashes_since, glm_stub_of, grpc_inputs, kernel_log, metric, metrics,
+                            ready, running_launcher, running_server, stream, stub_threads, wait_for)
 import tritonclient.utils.shared_memory as shared_memory
 from tritonclient.utils import InferenceServerException
 
@@ -227,14 +227,10 @@ def test_streams_whose_clients_went_away_end_at_max_tokens_and_sigterm_stays_pro
         responses = []
         client = grpcclient.InferenceServerClient(server.grpc_url)
         client.start_stream(callback=lambda result, error: responses.append(error))
-        inputs = []
-        for name, value, datatype in (("text_input", np.array([[b"cancelled"]], dtype=np.object_), "BYTES"),
-                                      ("max_tokens", np.array([[120]], dtype=np.int32), "INT32"),
-                                      ("ignore_eos", np.array([[True]]), "BOOL"),
-                                      ("stream", np.array([[True]]), "BOOL")):
-            inputs.append(grpcclient.InferInput(name, list(value.shape), datatype))
-            inputs[-1].set_data_from_numpy(value)
-        client.async_stream_infer("ensemble", inputs)
+        client.async_stream_infer("ensemble", grpc_inputs(
+            ("text_input", np.array([[b"cancelled"]], dtype=np.object_), "BYTES"),
+            ("max_tokens", np.array([[120]], dtype=np.int32), "INT32"), ("ignore_eos", np.array([[True]]), "BOOL"),
+            ("stream", np.array([[True]]), "BOOL")))
         assert wait_for(lambda: responses, timeout=30)
         client.stop_stream(cancel_requests=True)
         client.close()

@@ -15,7 +15,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from clients.request import SAMPLING_INPUTS
-from support.server import glm_answer, glm_inputs, metric, metrics, running_server, wait_for
+from support.server import glm_answer, glm_inputs, grpc_inputs, metric, metrics, running_server, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -507,15 +507,10 @@ def test_a_shared_prompt_prefix_is_reused(triton_server):
 
 def vllm_model_inputs(prompt: str, max_tokens: int) -> list:
     """A streaming vllm_model request as vllm_backend's clients send it (tensors without a batch dimension)."""
-    inputs = []
-    for name, value, datatype in (("text_input", np.array([prompt.encode()], dtype=np.object_), "BYTES"),
-                                  ("stream", np.array([True]), "BOOL"), ("ignore_eos", np.array([True]), "BOOL"),
-                                  ("sampling_parameters",
-                                   np.array([json.dumps({"max_tokens": max_tokens}).encode()], dtype=np.object_),
-                                   "BYTES")):
-        inputs.append(grpcclient.InferInput(name, list(value.shape), datatype))
-        inputs[-1].set_data_from_numpy(value)
-    return inputs
+    return grpc_inputs(("text_input", np.array([prompt.encode()], dtype=np.object_), "BYTES"),
+                       ("stream", np.array([True]), "BOOL"), ("ignore_eos", np.array([True]), "BOOL"),
+                       ("sampling_parameters",
+                        np.array([json.dumps({"max_tokens": max_tokens}).encode()], dtype=np.object_), "BYTES"))
 
 
 @pytest.mark.parametrize("model", ["glm", "vllm_model"])

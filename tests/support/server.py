@@ -85,6 +85,15 @@ def metric(samples: dict[str, float], name: str, **labels) -> float:
     return matches[0]
 
 
+def grpc_inputs(*tensors: tuple[str, np.ndarray, str]) -> list:
+    """tritonclient.grpc inputs from (name, array, Triton datatype) triples, each of its array's shape."""
+    inputs = []
+    for name, array, datatype in tensors:
+        inputs.append(grpcclient.InferInput(name, list(array.shape), datatype))
+        inputs[-1].set_data_from_numpy(array)
+    return inputs
+
+
 def glm_inputs(demo_model_dir, prompt: str, max_tokens: int, streaming: bool, **scalars: bool | int):
     """Inputs of the glm model itself: token ids, as preprocessing would make them; `scalars`: more [1, 1] inputs,
     BOOL or INT32 by their Python type (e.g. ignore_eos=True, num_return_sequences=2)."""
@@ -96,11 +105,7 @@ def glm_inputs(demo_model_dir, prompt: str, max_tokens: int, streaming: bool, **
                "streaming": (np.array([[streaming]]), "BOOL"), "exclude_input_in_output": (np.array([[True]]), "BOOL")}
     tensors.update({name: (np.array([[value]]), "BOOL") if isinstance(value, bool)
                     else (np.array([[value]], np.int32), "INT32") for name, value in scalars.items()})
-    inputs = []
-    for name, (array, datatype) in tensors.items():
-        inputs.append(grpcclient.InferInput(name, list(array.shape), datatype))
-        inputs[-1].set_data_from_numpy(array)
-    return inputs
+    return grpc_inputs(*((name, array, datatype) for name, (array, datatype) in tensors.items()))
 
 
 def glm_answer(server, demo_model_dir, prompt: str, max_tokens: int):
