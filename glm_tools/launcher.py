@@ -290,14 +290,14 @@ class TritonServer:
         self._shm_regions |= mapped_shm_regions(self.process.pid)
         return set(self._shm_regions)
 
-    def repository(self, path: str = "index", body: dict | None = None) -> list | None:
+    def repository(self, path: str = "index", body: dict | None = None, timeout_s: float = 120.0) -> list | None:
         """POST /v2/repository/<path> with the admin key: the index (each model's state), or a load or unload;
-        None if the server does not answer."""
+        None if the server does not answer within timeout_s."""
         request = urllib.request.Request(f"http://{self.http_url}/v2/repository/{path}",
                                          data=json.dumps(body or {}).encode(), method="POST",
                                          headers={ADMIN_KEY_HEADER: self.admin_key})
         try:
-            with urllib.request.urlopen(request, timeout=120) as response:
+            with urllib.request.urlopen(request, timeout=timeout_s) as response:
                 reply = response.read()
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             return None

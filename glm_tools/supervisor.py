@@ -34,9 +34,10 @@ def say(message: str, error: bool = False) -> None:
 
 def model_states(server: TritonServer) -> dict[tuple[str, str], str]:
     """Each (model, version)'s state in the repository index ("READY", "UNAVAILABLE: reason", ...); {} if it cannot
-    be read."""
+    be read within 10 s (a server too busy to answer its index must not delay the decision to restart it)."""
     return {(entry["name"], entry.get("version", "")): entry.get("state", "?")
-            + (f": {entry['reason']}" if entry.get("reason") else "") for entry in server.repository() or []}
+            + (f": {entry['reason']}" if entry.get("reason") else "")
+            for entry in server.repository(timeout_s=10.0) or []}
 
 
 class Supervisor:
@@ -81,9 +82,11 @@ class Supervisor:
                         f"{not_ready or 'unknown'})")
             if stop.wait(self.poll_s):
                 return None
+        # The stubs are counted before anything else: one that dies after the server is ready must be in the count,
+        # and on_ready tells the operator (and the tests) that a kill from now on is seen.
+        stubs = server.stub_processes()
         server.shm_regions()
         on_ready(time.monotonic() - started)
-        stubs = server.stub_processes()
         while not stop.wait(self.poll_s):
             if server.process.poll() is not None:
                 return f"tritonserver exited with code {server.process.returncode}"

@@ -132,7 +132,7 @@ def test_a_killed_model_process_is_seen_at_once_and_healed_by_the_launcher(demo_
             time.sleep(2)  # all four are generating
             os.kill(glm_stub, signal.SIGKILL)
             killed = time.monotonic()
-            assert wait_for(lambda: not ready(http_port), timeout=10, interval=0.1)
+            assert wait_for(lambda: not ready(http_port), timeout=10, interval=0.1), log_path.read_text()[-3000:]
             not_ready_after = time.monotonic() - killed
             results = [future.result(timeout=30) for future in streams]  # an error each, not a hang
         assert all(result["error"] for result in results), results

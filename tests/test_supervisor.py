@@ -35,15 +35,16 @@ class FakeServer:
         self.current = self.polls.pop(0) if len(self.polls) > 1 else self.polls[0]
         return dict(self.current[0])
 
-    def repository(self, path="index", body=None):
+    def repository(self, path="index", body=None, timeout_s=120.0):
         return [{"name": name, "version": version, "state": state}
                 for (name, version), state in self.current[1].items()]
 
 
-def verdict(polls) -> str | None:
+def verdict(polls, on_ready=lambda server: None) -> str | None:
+    """What the supervisor makes of these polls; on_ready(the server) runs where the launcher prints "ready in"."""
     stop = threading.Event()
-    supervisor = Supervisor(lambda: None, poll_s=0.001)
-    return supervisor._serve(FakeServer(polls, stop), stop, on_ready=lambda seconds: None)
+    server = FakeServer(polls, stop)
+    return Supervisor(lambda: None, poll_s=0.001)._serve(server, stop, on_ready=lambda seconds: on_ready(server))
 
 
 GLM = (10, Stub("glm", "1", "glm_0_0"))
@@ -76,3 +77,13 @@ def test_during_a_rollout_each_version_is_watched_and_the_old_one_may_go():
     # A promote unloads version 1: no crash.
     promoted = {("glm", "1"): "UNAVAILABLE", ("glm", "2"): "READY", ("bls", "1"): "READY"}
     assert verdict([([GLM, canary, BLS0], both), ([canary, BLS0], promoted), ([canary, BLS0], promoted)]) is None
+
+
+def test_a_process_killed_as_soon_as_the_server_is_announced_ready_is_seen():
+    """The processes are counted before "ready in" is printed: a kill after it (as the recovery tests do) is a crash,
+    not a smaller count to start from."""
+    def kill_glm(server):
+        server.polls = [([BLS0], READY)] * len(server.polls)
+
+    reason = verdict([([GLM, BLS0], READY), ([GLM, BLS0], READY), ([GLM, BLS0], READY)], on_ready=kill_glm)
+    assert reason == "the process of model instance glm_0_0 of glm version 1 (pid 10) died while it was loaded"

@@ -212,7 +212,9 @@ def running_launcher(model_dir: str, log_path, *flags: str):
              "--drain-grace", "2", *flags],
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "2"})
     try:
-        assert wait_for(lambda: ready(http_port), timeout=180, interval=0.5), open(log_path).read()[-3000:]
+        # "ready in" is printed once the launcher watches the server's model processes: a kill from then on is seen.
+        assert wait_for(lambda: ready(http_port) and "[serve] ready in" in open(log_path).read(), timeout=180,
+                        interval=0.5), open(log_path).read()[-3000:]
         yield launcher, http_port
     finally:
         launcher.send_signal(signal.SIGTERM)
