@@ -16,9 +16,10 @@ of prompt lengths (16-512 tokens) and output lengths (16-256), every request run
     the real tritonserver with one gRPC stream per request, all at once, from one asyncio loop (--client threads:
     a thread and a channel a stream) (float32, int8, and int8 with the LM head too: the int8 runs are compared
     with the float32 ones of the same round; each also with inter_token_latency_metric per_request, compared with
-    the default per_token);
-  - time to first token and inter-token latency (P50/P99) of the Triton run, as its clients see them, and the CPU
-    seconds the server, glm's stub, the other models' stubs and the clients used during it;
+    the default per_token, and with coalesce_stream_responses off, one response a token, compared with the default);
+  - time to first token and inter-token latency (P50/P99) of the Triton run, as its clients see them (the tokens of
+    one response share the gap before it), tokens a response, and the CPU seconds the server, glm's stub, the other
+    models' stubs and the clients used during it;
   - KV waste at the engine's peak: allocated minus used token slots, over allocated;
   - the prefix-cache speed-up: time to first token of a request with a 1,000-token prefix, cold and then warm;
   - each run's model GFLOP/s (the workload's FLOPs over its time: model_flops) and, with the matmul_peak run, its
@@ -182,12 +183,17 @@ def bench_triton(model_dir: str, requests, outputs=("output_ids", "sequence_leng
         cpu_before = _cpu_seconds(server)
         elapsed, results = run_clients(server.grpc_url, stream_requests)
         cpu = {part: round(seconds - cpu_before[part], 2) for part, seconds in _cpu_seconds(server).items()}
-    ttft = [times[0] - sent for sent, times, _ in results]
-    itl = [later - earlier for _, times, _ in results for earlier, later in zip(times, times[1:])]
-    tokens = sum(count for *_, count in results)
-    return {"clients": len(requests), "client": client, "output_tokens": tokens, "seconds": elapsed,
-            "tokens_per_s": tokens / elapsed, "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
-            "itl_p50_s": percentile(itl, 50), "itl_p99_s": percentile(itl, 99), "cpu_s": cpu}
+    ttft = [arrivals[0][0] - sent for sent, arrivals in results]
+    # The tokens of one response (coalesce_stream_responses) share the gap before it: with a token a response, the
+    # gaps between tokens.
+    itl = [(when - before) / count for _, arrivals in results
+           for (before, _), (when, count) in zip(arrivals, arrivals[1:]) for _ in range(count)]
+    tokens = sum(count for _, arrivals in results for _, count in arrivals)
+    responses = sum(len(arrivals) for _, arrivals in results)
+    return {"clients": len(requests), "client": client, "output_tokens": tokens, "responses": responses,
+            "seconds": elapsed, "tokens_per_s": tokens / elapsed, "ttft_p50_s": percentile(ttft, 50),
+            "ttft_p99_s": percentile(ttft, 99), "itl_p50_s": percentile(itl, 50), "itl_p99_s": percentile(itl, 99),
+            "cpu_s": cpu}
 
 
 def process_cpu_seconds(pid: int) -> float:
@@ -229,7 +235,8 @@ def _tokens_in(result) -> int:
 
 
 def _asyncio_clients(url: str, requests: list[dict]) -> tuple[float, list]:
-    """(seconds until the last stream ended, (sent, arrival time of each token, tokens) a request)."""
+    """(seconds until the last stream ended, (sent, [(arrival time, tokens) of each response with tokens]) a
+    request)."""
     import asyncio
 
     import tritonclient.grpc.aio as grpcaio
@@ -238,15 +245,14 @@ def _asyncio_clients(url: str, requests: list[dict]) -> tuple[float, list]:
         async def send():
             yield request
 
-        sent, times, tokens = time.perf_counter(), [], 0
+        sent, arrivals = time.perf_counter(), []
         async for result, error in connection.stream_infer(send()):
             when = time.perf_counter()
             if error is not None:
                 raise error
-            count = _tokens_in(result)
-            tokens += count
-            times += [when] * count
-        return sent, times, tokens
+            if count := _tokens_in(result):
+                arrivals.append((when, count))
+        return sent, arrivals
 
     async def main():
         async with grpcaio.InferenceServerClient(url) as connection:
@@ -269,20 +275,19 @@ def _threaded_clients(url: str, requests: list[dict]) -> tuple[float, list]:
         connection = grpcclient.InferenceServerClient(url)
         connection.start_stream(callback=lambda result, error: arrivals.put((time.perf_counter(), result, error)))
         barrier.wait()
-        sent, times, tokens = time.perf_counter(), [], 0
+        sent, tokens = time.perf_counter(), []
         connection.async_stream_infer(**requests[index], enable_empty_final_response=True)
         while True:
             when, result, error = arrivals.get(timeout=600)
             if error is not None:
                 raise error
-            count = _tokens_in(result)
-            tokens += count
-            times += [when] * count
+            if count := _tokens_in(result):
+                tokens.append((when, count))
             if result.get_response().parameters["triton_final_response"].bool_param:
                 break
         connection.stop_stream()
         connection.close()
-        results[index] = (sent, times, tokens)
+        results[index] = (sent, tokens)
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(len(requests))]
     for thread in threads:
@@ -296,7 +301,8 @@ def _threaded_clients(url: str, requests: list[dict]) -> tuple[float, list]:
 
 # The runs whose output tokens/s are compared, in the order of the table.
 RUNS = ("engine_through_triton", "engine_through_triton_int8", "engine_through_triton_int8_lm_head",
-        "engine_through_triton_itl_per_request", "engine_through_triton_int8_itl_per_request", "engine_offline",
+        "engine_through_triton_itl_per_request", "engine_through_triton_int8_itl_per_request",
+        "engine_through_triton_uncoalesced", "engine_through_triton_int8_uncoalesced", "engine_offline",
         "engine_offline_int8", "engine_offline_int8_lm_head",
         "engine_offline_tp2", "engine_offline_torch_attention", "engine_offline_torch_layers", "engine_offline_sampled",
         "transformers_static_batches",
@@ -309,12 +315,15 @@ PAIRS = (("engine_offline_int8", "engine_offline", "vs_float32"),
          ("engine_through_triton_int8_lm_head", "engine_through_triton", "vs_float32"),
          ("engine_through_triton_itl_per_request", "engine_through_triton", "vs_itl_per_token"),
          ("engine_through_triton_int8_itl_per_request", "engine_through_triton_int8", "vs_itl_per_token"),
+         ("engine_through_triton", "engine_through_triton_uncoalesced", "vs_uncoalesced"),
+         ("engine_through_triton_int8", "engine_through_triton_int8_uncoalesced", "vs_uncoalesced"),
          ("engine_offline_tp2", "engine_offline", "vs_one_rank"),
          ("engine_offline", "engine_offline_torch_attention", "vs_torch_attention"),
          ("engine_offline", "engine_offline_torch_layers", "vs_torch_layers"))
 BASELINES = ("transformers_one_at_a_time", "transformers_static_batches")
 INT8 = {"quantization": "int8"}
 PER_REQUEST = {"inter_token_latency_metric": "per_request"}
+UNCOALESCED = {"coalesce_stream_responses": "false"}
 
 
 def measurements(model_dir: str, requests, batch_size: int, client: str = "asyncio") -> dict:
@@ -341,6 +350,11 @@ def measurements(model_dir: str, requests, batch_size: int, client: str = "async
                                                                       client=client),
         "engine_through_triton_int8_itl_per_request": lambda: bench_triton(
             model_dir, requests, parameters={**INT8, **PER_REQUEST}, client=client),
+        # One response a token however far behind the sending falls, against the default (coalesce_stream_responses)
+        "engine_through_triton_uncoalesced": lambda: bench_triton(model_dir, requests, parameters=UNCOALESCED,
+                                                                  client=client),
+        "engine_through_triton_int8_uncoalesced": lambda: bench_triton(
+            model_dir, requests, parameters={**INT8, **UNCOALESCED}, client=client),
     }
 
 
@@ -378,6 +392,8 @@ def summarize(rounds: list[dict], flops: float) -> dict:
         if name in done:
             summary[name].update({key: median([r[name][key] for r in rounds])
                                   for key in ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s")})
+            summary[name]["tokens_per_response"] = median([r[name]["output_tokens"] / r[name]["responses"]
+                                                           for r in rounds])
             summary[name]["cpu_s"] = {part: median([r[name]["cpu_s"][part] for r in rounds])
                                       for part in rounds[0][name]["cpu_s"]}
     for run, reference, ratio in PAIRS:
@@ -416,7 +432,8 @@ def print_summary(summary: dict, num_rounds: int) -> None:
     for name in THROUGH_TRITON:
         if name in summary:
             t = summary[name]
-            print(f"\n{name}: TTFT P50 {t['ttft_p50_s'] * 1000:.0f} ms, P99 {t['ttft_p99_s'] * 1000:.0f} "
+            print(f"\n{name}: {t['tokens_per_response']:.2f} tokens a response; "
+                  f"TTFT P50 {t['ttft_p50_s'] * 1000:.0f} ms, P99 {t['ttft_p99_s'] * 1000:.0f} "
                   f"ms; ITL P50 {t['itl_p50_s'] * 1000:.0f} ms, P99 {t['itl_p99_s'] * 1000:.0f} ms; CPU seconds "
                   + ", ".join(f"{part} {seconds:.2f}" for part, seconds in t["cpu_s"].items()))
     for run, reference, ratio in PAIRS:
@@ -447,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
                                        "engine_offline_sampled, "
                                        "transformers_one_at_a_time, transformers_static_batches, prefix_cache, "
                                        "matmul_peak, "
-                                       "engine_through_triton, engine_through_triton_int8")
+                                       "engine_through_triton, engine_through_triton_int8, ... (RUNS)")
     parser.add_argument("--client", choices=("asyncio", "threads"), default="asyncio",
                         help="the through-Triton runs' clients: one asyncio loop and channel for all streams, or a "
                              "thread and a channel a stream (bench_triton)")

@@ -20,7 +20,7 @@ from glm_engine.engine import EngineStats  # noqa: E402
 from glm_engine.output_processor import OutputProcessor  # noqa: E402
 from glm_engine.tokenizer import GlmTokenizer  # noqa: E402
 from triton_glm.common import InputError  # noqa: E402
-from triton_glm.glm import OpenAnswers, ResponseStream  # noqa: E402
+from triton_glm.glm import OpenAnswers, Outputs, ResponseStream  # noqa: E402
 from triton_glm.metrics import EngineMetrics  # noqa: E402
 from triton_glm.request_params import sampling_params  # noqa: E402
 
@@ -153,9 +153,106 @@ def test_outputs_not_asked_for_are_not_even_made(tokenizer):
     responses = stream(Sender(), tokenizer, outputs={"output_ids", "sequence_length"})
     unreadable = Response(token_ids=[40, 41], text_length=None, finish_reason=None, num_input_tokens=3,
                           num_output_tokens=2, logprobs=["not a number"], cum_logprob=None, final=False)
-    made = responses._triton_response(unreadable, {})
+    made = responses._triton_response([Outputs(unreadable, {})])
     assert made.outputs["output_ids"].tolist() == [[[40, 41]]] and made.outputs["sequence_length"].item() == 2
     assert set(made.outputs) == {"output_ids", "sequence_length"}
+
+
+class Deferred:
+    """A `later` that holds the calls until run(): the outbox, busy with other sends."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, function, *args):
+        self.calls.append((function, args))
+
+    def run(self):
+        calls, self.calls = self.calls, []
+        for function, args in calls:
+            function(*args)
+
+
+def streamed(tokenizer, text, coalesce, run_every, sender=None, stop_strings=(), logprobs=True):
+    """`text`'s tokens streamed one an output into a ResponseStream, its outbox running after every `run_every`
+    outputs: (the sender, the calls that were queued on the outbox)."""
+    sender, later = sender or Sender(), Deferred()
+    responses = ResponseStream(sender, OutputProcessor(tokenizer, [3], True, False, list(stop_strings)), later=later,
+                               coalesce=coalesce)
+    ids, queued = tokenizer.encode(text, add_special_tokens=False), 0
+    for index, token in enumerate(ids):
+        last = index == len(ids) - 1
+        if not responses.on_output(output([token], finished=last, reason=FinishReason.LENGTH if last else None,
+                                          logprobs=[-0.5 * index] if logprobs else None)):
+            break
+        if (index + 1) % run_every == 0:
+            queued += len(later.calls)
+            later.run()
+    queued += len(later.calls)
+    later.run()
+    return sender, queued
+
+
+def joined(sender, name):
+    return [value for response, _ in sender.sent for value in response.outputs[name].reshape(-1).tolist()]
+
+
+@pytest.mark.parametrize("run_every", [1, 3, 1000])
+def test_responses_waiting_for_the_outbox_go_as_one_with_the_same_tokens_text_and_log_probs(tokenizer, run_every):
+    """coalesce_stream_responses: what the engine makes while a stream's send waits joins it. The client gets the same
+    tokens, text, log-probs and last figures as one response a token would give it, in fewer responses."""
+    text = "Some text, then 龘靐 and more: def main():\n    return 0"
+    alone, alone_queued = streamed(tokenizer, text, coalesce=False, run_every=run_every)
+    merged, merged_queued = streamed(tokenizer, text, coalesce=True, run_every=run_every)
+    tokens = len(tokenizer.encode(text, add_special_tokens=False))
+    assert alone_queued == len(alone.sent) == len([1 for r, _ in alone.sent if r.outputs["output_ids"].size]) > 10
+    assert len(merged.sent) == merged_queued == (len(alone.sent) if run_every == 1 else -(-tokens // run_every))
+    for name in ("output_ids", "output_log_probs"):
+        assert joined(merged, name) == joined(alone, name)
+    assert b"".join(joined(merged, "text_output")).decode() == text
+    assert [r.outputs["sequence_length"].item() for r, _ in merged.sent] == [
+        r.outputs["output_ids"].size for r, _ in merged.sent]
+    assert [flags for _, flags in merged.sent] == [0] * (len(merged.sent) - 1) + [FINAL]
+    last, last_alone = merged.sent[-1][0].outputs, alone.sent[-1][0].outputs
+    for name in ("finish_reason", "num_output_tokens", "cum_log_probs", "num_input_tokens", "text_length"):
+        assert last[name].tolist() == last_alone[name].tolist(), name
+
+
+def test_a_coalesced_response_cut_by_a_stop_string_says_where_in_its_own_text(tokenizer):
+    """text_length counts from the start of the response's text: what postprocessing cuts output_ids' text to."""
+    text = "Some text, then 龘靐 STOP here and more after it"
+    merged, _ = streamed(tokenizer, text, coalesce=True, run_every=1000, stop_strings=["靐 ST"])
+    (response, flags), = merged.sent
+    outputs = response.outputs
+    assert flags == FINAL and outputs["finish_reason"].item() == b"stop"
+    assert outputs["text_output"][0].decode() == "Some text, then 龘"
+    assert tokenizer.decode(outputs["output_ids"].ravel().tolist())[:outputs["text_length"].item()] == (
+        "Some text, then 龘")
+
+
+def test_an_error_after_waiting_responses_follows_them_and_a_failed_send_does_not_lose_the_final_flag(tokenizer):
+    class FailingFirst(Sender):
+        def send(self, response=None, flags=0):
+            if not self.sent and not hasattr(self, "failed"):
+                self.failed = True
+                raise RuntimeError("the client went away")
+            super().send(response, flags)
+
+    for sender in (Sender(), FailingFirst()):
+        later = Deferred()
+        responses = ResponseStream(sender, OutputProcessor(tokenizer, [3], True, False), later=later, coalesce=True)
+        for token in tokenizer.encode("abc def", add_special_tokens=False):
+            responses.on_output(output([token]))
+        responses.on_output(output([], finished=True, reason=FinishReason.ERROR, error="engine step failed: boom"))
+        assert len(later.calls) == 1
+        later.run()
+        if isinstance(sender, FailingFirst):  # the joined response was lost; the error still came, and was final
+            assert [(r.error.message, flags) for r, flags in sender.sent] == [
+                ("engine step failed: boom", FINAL)]
+        else:
+            assert [flags for _, flags in sender.sent] == [0, FINAL]
+            assert tokenizer.decode(sender.sent[0][0].outputs["output_ids"].ravel().tolist()) == "abc def"
+            assert sender.sent[1][0].error.message == "engine step failed: boom"
 
 
 def test_several_answers_share_one_final_flag_and_say_which_they_are(tokenizer):

@@ -171,6 +171,9 @@ class EngineConfig:
     # to Triton's process each); per_request, each request's mean time between its tokens, once, when it ends (as
     # genai-perf's and TGI's figure).
     inter_token_latency_metric: str = "per_token"
+    # A streamed answer's responses made while its earlier ones still wait to be sent to Triton's process go with them,
+    # as one (their tokens together); off: one response per token, however far behind the sending falls.
+    coalesce_stream_responses: bool = True
     # Split the model over this many devices (glm_engine/tensor_parallel.py): one worker process per extra rank, GPUs
     # device, device + 1, ... over NCCL on CUDA; on the CPU over gloo, the cores shared out between the ranks.
     tensor_parallel_size: int = 1

@@ -10,6 +10,7 @@ import os
 import queue
 import threading
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -83,7 +84,8 @@ class GlmEngineModel:
                                           later=self.outbox.later, code_in_message=code_in_message,
                                           version=self.version, sequence_index=index, answers=answers,
                                           perf_metrics=perf_metrics,
-                                          cancellation_check_s=self.config.cancellation_check_period_ms / 1000)
+                                          cancellation_check_s=self.config.cancellation_check_period_ms / 1000,
+                                          coalesce=self.config.coalesce_stream_responses)
                            for index in range(params.n)]
                 self._submit(request.request_id(), prompt, params.samples(), streams)
             except ValueError as exc:  # InputError, VersionError, or the engine's own checks
@@ -256,6 +258,15 @@ class OpenAnswers:
         self.abandoned = True
 
 
+@dataclass
+class Outputs:
+    """A response the output processor made, and TensorRT-LLM's perf outputs as they were then: one Triton response's
+    worth, or part of one (ResponseStream._send_later)."""
+
+    response: Response
+    perf: dict[str, np.ndarray]
+
+
 class ResponseStream:
     """The responses of one answer to a request, on Triton: the engine's outputs go through the answer's
     OutputProcessor, and what it says to send is turned into tensors and sent (through a ResponseOutbox); latencies
@@ -264,14 +275,15 @@ class ResponseStream:
     def __init__(self, sender, processor: OutputProcessor, metrics: EngineMetrics | None = None,
                  outputs: set[str] | None = None, later=call_now, code_in_message: bool = False, version: int = 1,
                  sequence_index: int = 0, answers: OpenAnswers | None = None, perf_metrics: bool = False,
-                 cancellation_check_s: float = 0.0, clock=time.monotonic):
+                 cancellation_check_s: float = 0.0, coalesce: bool = False, clock=time.monotonic):
         """`outputs`: the output names the client asked for (Triton asks for all when the client names none); only
         those are sent. Each tensor costs a copy through shared memory and gRPC or JSON encoding, every token.
         `later(function, *args)`: where the responses are built and sent and the latencies recorded (at once, or
         ResponseOutbox.later). `code_in_message`: the request came through BLS (see common.CODE_IN_MESSAGE).
         `version`: glm's version, sent as the output glm_version. `sequence_index`: which answer of the request this
         is, of `answers`. `perf_metrics`: send TensorRT-LLM's KV-cache and timing outputs. `cancellation_check_s`:
-        the client's cancellation is asked for at most this often, and at the answer's end."""
+        the client's cancellation is asked for at most this often, and at the answer's end. `coalesce`: responses
+        made while this answer's earlier ones still wait for `later` go out with them, as one (_send_later)."""
         self.sender = sender
         self.code_in_message = code_in_message
         self.processor = processor
@@ -284,6 +296,9 @@ class ResponseStream:
         self.sequence_index = np.array([[sequence_index]], dtype=np.int32)
         self.answers = answers or OpenAnswers(1)
         self.perf = PerfMetrics() if perf_metrics else None
+        self.coalesce = coalesce
+        self._waiting: list[tuple[object, int]] = []  # sends queued and not yet made (coalesce)
+        self._waiting_lock = threading.Lock()
 
     def on_output(self, output: RequestOutput) -> bool:
         """Called on the engine thread; returning False asks the engine to abort the request."""
@@ -298,14 +313,48 @@ class ResponseStream:
         flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if ends and self.answers.close_one() else 0
         if update.error is not None:
             code = "UNAVAILABLE" if update.unavailable else "INTERNAL"
-            self.later(send_now, self.sender, error_response(update.error, code, self.code_in_message), flags)
+            self._send_later(error_response(update.error, code, self.code_in_message), flags)
         elif update.close:
             if flags:  # nobody listens: only the request's final flag is still owed
-                self.later(send_now, self.sender, None, flags)
+                self._send_later(None, flags)
         elif update.response is not None:
             perf = self.perf.outputs() if self.perf is not None else {}  # as they are now, not when sent
-            self.later(self._send_response, update.response, perf, flags)
+            self._send_later(Outputs(update.response, perf), flags)
         return not update.abort
+
+    def _send_later(self, item, flags: int) -> None:
+        """Have `later` send `item`: Outputs to make into a Triton response, or one ready (an error; None: only the
+        flags). Coalescing, an answer has at most one send queued on the outbox, and what the engine makes while it
+        waits goes with it, consecutive Outputs as one response: when Triton takes responses more slowly than the
+        engine makes tokens (each send is a round trip to its process, which waits for a core beside the engine's),
+        their number adapts instead of the queue growing; when it keeps up, every token goes alone (vLLM's output
+        collector merges a request's outputs the same way)."""
+        if not self.coalesce:
+            self.later(self._send, [(item, flags)])
+            return
+        with self._waiting_lock:
+            self._waiting.append((item, flags))
+            queued = len(self._waiting) > 1
+        if not queued:
+            self.later(self._send_waiting)
+
+    def _send_waiting(self) -> None:
+        with self._waiting_lock:
+            waiting, self._waiting = self._waiting, []
+        self._send(waiting)
+
+    def _send(self, items: list[tuple[object, int]]) -> None:
+        """Send these in order, each run of Outputs as one response with the flags of its last. One failed send (the
+        client went away) does not keep the ones after it, which may carry the request's final flag, from Triton."""
+        for are_outputs, run in itertools.groupby(items, key=lambda item: isinstance(item[0], Outputs)):
+            run = list(run)
+            if are_outputs:
+                run = [([outputs for outputs, _ in run], run[-1][1])]
+            for item, flags in run:
+                try:
+                    send_now(self.sender, self._triton_response(item) if are_outputs else item, flags)
+                except Exception:  # e.g. the client went away; the engine notices through is_cancelled()
+                    log.exception("a glm response could not be made or sent")
 
     def _client_gone(self, ending: bool) -> bool:
         """Whether the client has cancelled: asked of the server every cancellation_check_s and when the answer ends
@@ -315,31 +364,36 @@ class ResponseStream:
             self._cancelled, self._next_check = self.sender.is_cancelled(), now + self.cancellation_check_s
         return self._cancelled
 
-    def _send_response(self, response: Response, perf: dict[str, np.ndarray], flags: int) -> None:
-        send_now(self.sender, self._triton_response(response, perf), flags)
+    def _triton_response(self, parts: list[Outputs]):
+        """One Triton response for an answer's consecutive Outputs (one, unless coalesced): their tokens, text and
+        log-probs joined; the counts, finish reason and perf figures of the last."""
+        last, perf = parts[-1].response, parts[-1].perf
+        token_ids = [token for part in parts for token in part.response.token_ids]
+        # Each part's ids decode to whole characters (the output processor's chunking): its text is what it would
+        # have sent alone. Only an answer's last response can be cut (a stop string ends it).
+        def texts() -> list[str]:
+            return [self.processor.tokenizer.decode(part.response.token_ids) for part in parts]
 
-    def _triton_response(self, response: Response, perf: dict[str, np.ndarray]):
-        token_ids = response.token_ids
-        text_length = -1 if response.text_length is None else response.text_length
+        text_length = -1 if last.text_length is None else sum(map(len, texts()[:-1])) + last.text_length
         # Each output is made only if asked for: on the outbox's thread, every token, holding the GIL that the engine
         # thread needs between its kernels.
         makers = {
             "output_ids": lambda: np.array(token_ids, dtype=np.int32).reshape(1, 1, -1),
             "sequence_length": lambda: np.array([[len(token_ids)]], dtype=np.int32),
             "text_length": lambda: np.array([[text_length]], dtype=np.int32),
-            "finish_reason": lambda: np.array([[response.finish_reason.encode()]], dtype=np.object_),
-            "num_input_tokens": lambda: np.array([[response.num_input_tokens]], dtype=np.int32),
-            "num_output_tokens": lambda: np.array([[response.num_output_tokens]], dtype=np.int32),
-            "output_log_probs": lambda: np.array(response.logprobs, dtype=np.float32).reshape(1, 1, -1),
-            "cum_log_probs": lambda: np.array([[response.cum_logprob]], dtype=np.float32),
+            "finish_reason": lambda: np.array([[last.finish_reason.encode()]], dtype=np.object_),
+            "num_input_tokens": lambda: np.array([[last.num_input_tokens]], dtype=np.int32),
+            "num_output_tokens": lambda: np.array([[last.num_output_tokens]], dtype=np.int32),
+            "output_log_probs": lambda: np.array([logprob for part in parts for logprob in part.response.logprobs],
+                                                 dtype=np.float32).reshape(1, 1, -1),
+            "cum_log_probs": lambda: np.array([[last.cum_logprob]], dtype=np.float32),
             "glm_version": lambda: self.version,
             "sequence_index": lambda: self.sequence_index,
             "batch_index": lambda: ZERO_INT32,
-            # Each response's ids decode to whole characters (the output processor's chunking), so its text is
-            # postprocessing's, made here: the ensemble has no step after this one (see its config.pbtxt). Shape
-            # [1], not [1, 1]: TensorRT-LLM's and vllm_backend's clients read `text_output[0]` as the text.
-            "text_output": lambda: np.array([cut_to_text_length(self.processor.tokenizer.decode(token_ids),
-                                                                text_length).encode("utf-8")], dtype=np.object_),
+            # The text postprocessing would make, made here: the ensemble has no step after glm (its config.pbtxt).
+            # Shape [1], not [1, 1]: TensorRT-LLM's and vllm_backend's clients read `text_output[0]` as the text.
+            "text_output": lambda: np.array([cut_to_text_length("".join(texts()), text_length).encode("utf-8")],
+                                            dtype=np.object_),
             **{name: (lambda value=value: value) for name, value in perf.items()},
         }
         return pb_utils.InferenceResponse(output_tensors=without_empty([
