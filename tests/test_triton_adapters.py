@@ -167,10 +167,12 @@ class Deferred:
     def __call__(self, function, *args):
         self.calls.append((function, args))
 
-    def run(self):
-        calls, self.calls = self.calls, []
-        for function, args in calls:
+    def run(self, count: int | None = None):
+        """Make the first `count` calls queued (None: all, including those they queue)."""
+        while self.calls and count != 0:
+            function, args = self.calls.pop(0)
             function(*args)
+            count = None if count is None else count - 1
 
 
 def streamed(tokenizer, text, coalesce, run_every, sender=None, stop_strings=(), logprobs=True):
@@ -253,6 +255,22 @@ def test_an_error_after_waiting_responses_follows_them_and_a_failed_send_does_no
             assert [flags for _, flags in sender.sent] == [0, FINAL]
             assert tokenizer.decode(sender.sent[0][0].outputs["output_ids"].ravel().tolist()) == "abc def"
             assert sender.sent[1][0].error.message == "engine step failed: boom"
+
+
+def test_the_final_flag_goes_last_when_the_answer_that_ended_last_is_sent_first(tokenizer):
+    """Two answers of one request share its sender and coalesce each on its own: B's queued send takes B's last
+    token while A's last one waits behind it. Triton's final flag must still be the request's last send."""
+    sender, later, answers = Sender(), Deferred(), OpenAnswers(2)
+    a, b = (ResponseStream(sender, OutputProcessor(tokenizer, [3], True, False), later=later, sequence_index=index,
+                           answers=answers, coalesce=True) for index in range(2))
+    a.on_output(output([40]))
+    b.on_output(output([41]))
+    later.run(1)  # A's send; B's still waits
+    a.on_output(output([42], finished=True, reason=FinishReason.LENGTH))  # queued behind B's
+    b.on_output(output([43], finished=True, reason=FinishReason.LENGTH))  # joins B's waiting send
+    later.run()
+    assert [(r.outputs["sequence_index"].item(), r.outputs["output_ids"].ravel().tolist(), flags)
+            for r, flags in sender.sent] == [(0, [40], 0), (1, [41, 43], 0), (0, [42], FINAL)]
 
 
 def test_several_answers_share_one_final_flag_and_say_which_they_are(tokenizer):

@@ -241,7 +241,7 @@ def call_now(function, *args) -> None:
 
 class OpenAnswers:
     """The answers of one request (num_return_sequences) that have not ended: Triton's final flag goes with the last
-    response of the last one to end."""
+    send of the last one whose last send is made (ResponseStream._send)."""
 
     def __init__(self, count: int):
         self._count = count
@@ -249,7 +249,7 @@ class OpenAnswers:
         self.abandoned = False  # the request was refused after some answers were submitted: they send nothing
 
     def close_one(self) -> bool:
-        """One answer has ended; True if it was the last."""
+        """One answer's last send is being made; True if it is the request's last."""
         with self._lock:
             self._count -= 1
             return self._count == 0
@@ -297,7 +297,7 @@ class ResponseStream:
         self.answers = answers or OpenAnswers(1)
         self.perf = PerfMetrics() if perf_metrics else None
         self.coalesce = coalesce
-        self._waiting: list[tuple[object, int]] = []  # sends queued and not yet made (coalesce)
+        self._waiting: list[tuple[object, bool]] = []  # sends queued and not yet made (coalesce): (item, ends)
         self._waiting_lock = threading.Lock()
 
     def on_output(self, output: RequestOutput) -> bool:
@@ -310,30 +310,29 @@ class ResponseStream:
         if self.perf is not None:
             self.perf.update(output)
         ends = update.error is not None or update.close or (update.response is not None and update.response.final)
-        flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if ends and self.answers.close_one() else 0
         if update.error is not None:
             code = "UNAVAILABLE" if update.unavailable else "INTERNAL"
-            self._send_later(error_response(update.error, code, self.code_in_message), flags)
-        elif update.close:
-            if flags:  # nobody listens: only the request's final flag is still owed
-                self._send_later(None, flags)
+            self._send_later(error_response(update.error, code, self.code_in_message), ends)
+        elif update.close:  # nobody listens: only the request's final flag may still be owed
+            self._send_later(None, ends)
         elif update.response is not None:
             perf = self.perf.outputs() if self.perf is not None else {}  # as they are now, not when sent
-            self._send_later(Outputs(update.response, perf), flags)
+            self._send_later(Outputs(update.response, perf), ends)
         return not update.abort
 
-    def _send_later(self, item, flags: int) -> None:
+    def _send_later(self, item, ends: bool) -> None:
         """Have `later` send `item`: Outputs to make into a Triton response, or one ready (an error; None: only the
-        flags). Coalescing, an answer has at most one send queued on the outbox, and what the engine makes while it
-        waits goes with it, consecutive Outputs as one response: when Triton takes responses more slowly than the
-        engine makes tokens (each send is a round trip to its process, which waits for a core beside the engine's),
-        their number adapts instead of the queue growing; when it keeps up, every token goes alone (vLLM's output
-        collector merges a request's outputs the same way)."""
+        request's final flag, if this answer is its last). `ends`: the answer's last. Coalescing, an answer has at
+        most one send queued on the outbox, and what the engine makes while it waits goes with it, consecutive
+        Outputs as one response: when Triton takes responses more slowly than the engine makes tokens (each send is
+        a round trip to its process, which waits for a core beside the engine's), their number adapts instead of the
+        queue growing; when it keeps up, every token goes alone (vLLM's output collector merges a request's outputs
+        the same way)."""
         if not self.coalesce:
-            self.later(self._send, [(item, flags)])
+            self.later(self._send, [(item, ends)])
             return
         with self._waiting_lock:
-            self._waiting.append((item, flags))
+            self._waiting.append((item, ends))
             queued = len(self._waiting) > 1
         if not queued:
             self.later(self._send_waiting)
@@ -343,14 +342,19 @@ class ResponseStream:
             waiting, self._waiting = self._waiting, []
         self._send(waiting)
 
-    def _send(self, items: list[tuple[object, int]]) -> None:
-        """Send these in order, each run of Outputs as one response with the flags of its last. One failed send (the
-        client went away) does not keep the ones after it, which may carry the request's final flag, from Triton."""
+    def _send(self, items: list[tuple[object, bool]]) -> None:
+        """Send these (item, ends) in order, each run of Outputs as one response. The request's final flag goes with
+        the last answer's last send, decided as it is made: the answers of one request (num_return_sequences) share
+        its sender and coalesce each on its own, so the answer that ended last may be sent before another's last
+        tokens. One failed send (the client went away) does not keep the final flag from Triton."""
         for are_outputs, run in itertools.groupby(items, key=lambda item: isinstance(item[0], Outputs)):
             run = list(run)
             if are_outputs:
                 run = [([outputs for outputs, _ in run], run[-1][1])]
-            for item, flags in run:
+            for item, ends in run:
+                flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if ends and self.answers.close_one() else 0
+                if item is None and not flags:
+                    continue
                 try:
                     send_now(self.sender, self._triton_response(item) if are_outputs else item, flags)
                 except Exception:  # e.g. the client went away; the engine notices through is_cancelled()
