@@ -139,6 +139,27 @@ def test_many_streams_at_once_add_up_to_their_answers_with_several_tokens_in_som
     assert responses < 0.9 * 48 * 24
 
 
+def test_streams_of_several_answers_each_end_every_answer_before_the_final_flag(triton_server):
+    """Answers of one request (num_return_sequences) share its response sender and coalesce each on its own: under
+    load the answer that ended last may be sent before another's last tokens. Triton's final flag must still come
+    last, after every answer's end (sent before, it left those tokens with a closed sender: CI met it)."""
+    def streamed(index: int) -> dict[int, tuple[int, str]]:
+        results = stream_results(triton_server, "ensemble", ensemble_inputs(
+            grpcclient, f"Answer {index}:", stream=True, max_tokens=12, ignore_eos=True, temperature=1.0,
+            seed=index, num_return_sequences=3))
+        answers = {}
+        for result in results:
+            if result.get_response().outputs:
+                answers[int(result.as_numpy("sequence_index").reshape(-1)[0])] = (
+                    int(result.as_numpy("num_output_tokens").reshape(-1)[0]),
+                    result.as_numpy("finish_reason").reshape(-1)[0].decode())
+        return answers
+
+    with ThreadPoolExecutor(16) as pool:
+        for answers in pool.map(streamed, range(16)):
+            assert answers == {index: (12, "length") for index in range(3)}
+
+
 def test_tritonclient_http_grpc_and_grpc_streaming_agree(triton_server):
     prompt = "The paged KV cache"
     whole = generate_text(triton_server, prompt, max_tokens=20)
