@@ -275,19 +275,19 @@ def _threaded_clients(url: str, requests: list[dict]) -> tuple[float, list]:
         connection = grpcclient.InferenceServerClient(url)
         connection.start_stream(callback=lambda result, error: arrivals.put((time.perf_counter(), result, error)))
         barrier.wait()
-        sent, tokens = time.perf_counter(), []
+        sent, received = time.perf_counter(), []
         connection.async_stream_infer(**requests[index], enable_empty_final_response=True)
         while True:
             when, result, error = arrivals.get(timeout=600)
             if error is not None:
                 raise error
             if count := _tokens_in(result):
-                tokens.append((when, count))
+                received.append((when, count))
             if result.get_response().parameters["triton_final_response"].bool_param:
                 break
         connection.stop_stream()
         connection.close()
-        results[index] = (sent, tokens)
+        results[index] = (sent, received)
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(len(requests))]
     for thread in threads:
