@@ -175,17 +175,17 @@ class Deferred:
             count = None if count is None else count - 1
 
 
-def streamed(tokenizer, text, coalesce, run_every, sender=None, stop_strings=(), logprobs=True):
+def streamed(tokenizer, text, coalesce, run_every, stop_strings=()):
     """`text`'s tokens streamed one an output into a ResponseStream, its outbox running after every `run_every`
     outputs: (the sender, the calls that were queued on the outbox)."""
-    sender, later = sender or Sender(), Deferred()
+    sender, later = Sender(), Deferred()
     responses = ResponseStream(sender, OutputProcessor(tokenizer, [3], True, False, list(stop_strings)), later=later,
                                coalesce=coalesce)
     ids, queued = tokenizer.encode(text, add_special_tokens=False), 0
     for index, token in enumerate(ids):
         last = index == len(ids) - 1
         if not responses.on_output(output([token], finished=last, reason=FinishReason.LENGTH if last else None,
-                                          logprobs=[-0.5 * index] if logprobs else None)):
+                                          logprobs=[-0.5 * index])):
             break
         if (index + 1) % run_every == 0:
             queued += len(later.calls)
@@ -234,8 +234,10 @@ def test_a_coalesced_response_cut_by_a_stop_string_says_where_in_its_own_text(to
 
 def test_an_error_after_waiting_responses_follows_them_and_a_failed_send_does_not_lose_the_final_flag(tokenizer):
     class FailingFirst(Sender):
+        failed = False
+
         def send(self, response=None, flags=0):
-            if not self.sent and not hasattr(self, "failed"):
+            if not self.failed:
                 self.failed = True
                 raise RuntimeError("the client went away")
             super().send(response, flags)
