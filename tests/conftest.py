@@ -30,9 +30,13 @@ def demo_model_dir(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="session")
 def triton_server(demo_model_dir, tmp_path_factory):
-    """The real tritonserver on free ports, serving the demo checkpoint, for the whole session."""
+    """The real tritonserver on free ports, serving the demo checkpoint, for the whole session. After its stop, no
+    model's process may have aborted on its way out (vllm_model's did after every session: bls_calls.release_kept)."""
     with running_server(demo_model_dir, str(tmp_path_factory.mktemp("triton"))) as server:
         yield server
+    with open(server.log_path) as f:
+        log = f.read()
+    assert "terminate called" not in log, log[-3000:]
 
 
 @pytest.fixture(scope="session")

@@ -125,6 +125,23 @@ def test_the_responses_of_a_cancelled_caller_are_kept_a_while(monkeypatch):
     assert kept() == second.iterators
 
 
+def test_a_finalize_lets_go_of_the_kept_responses_once_the_youngest_has_been_kept_long_enough(monkeypatch):
+    """release_kept: left to the interpreter's exit, kept responses were destroyed after the stub had closed its
+    shared memory, and vllm_model's stub aborted (boost's lock_exception) at every test server's stop."""
+    clock, slept = [100.0], []
+    monkeypatch.setattr(bls_calls.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(bls_calls.time, "sleep", slept.append)
+    for offset in (0.0, 4.0):  # two cancelled calls, 4 s apart
+        clock[0] += offset
+        request = BlsRequest([BlsResponse(token=1)])
+        list(bls_responses(request, Caller(request.events, cancelled=True)))
+    assert len(kept()) == 2
+    bls_calls.release_kept()
+    assert slept == [bls_calls.KEEP_SECONDS] and kept() == []
+    bls_calls.release_kept()  # nothing kept: no wait
+    assert slept[1:] == [0.0]
+
+
 NOT_READY = "Failed for execute the inference request. Model 'glm' is not ready."
 
 

@@ -13,7 +13,7 @@ import triton_python_backend_utils as pb_utils
 
 from glm_engine.tokenizer import GlmTokenizer
 
-from .bls_calls import exec_latest
+from .bls_calls import exec_latest, release_kept
 from .common import CODE_IN_MESSAGE, InputError, check_prompt, cut_to_text_length, error_from_callee, \
     error_response, internal_error, only_requested, optional_scalar, output_or_empty, required_array, \
     resolve_model_dir, text_of, without_empty
@@ -106,4 +106,5 @@ class Bls:
 
     def finalize(self):
         self.pool.shutdown(wait=False, cancel_futures=True)
+        release_kept()
 

@@ -63,6 +63,18 @@ def _keep_a_while(responses) -> None:
         _kept.append((now + KEEP_SECONDS, responses))
 
 
+def release_kept() -> None:
+    """Let go of the kept responses while the stub still runs (a model's finalize calls this): left to the
+    interpreter's exit, they were destroyed after the stub had closed its shared memory, and the process aborted with
+    boost's lock_exception. Waits until the youngest has been kept KEEP_SECONDS (at most that long, only after a call
+    that recent)."""
+    with _kept_lock:
+        youngest = _kept[-1][0] if _kept else 0.0
+    time.sleep(max(0.0, youngest - time.monotonic()))
+    with _kept_lock:
+        _kept.clear()
+
+
 def exec_latest(callee_request, caller):
     """bls_responses for a request to a model's latest version, sent again while Triton refuses it as not ready (see
     NOT_READY_REFUSAL); the last refusal is passed on."""

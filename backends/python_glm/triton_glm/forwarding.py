@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from .bls_calls import bls_responses
+from .bls_calls import bls_responses, release_kept
 from .common import CODE_IN_MESSAGE, callee_error, error_response, internal_error, send_now
 from .request_params import answers_asked
 from .versions import PINNED
@@ -96,4 +96,5 @@ class Forwarder:
 
     def close(self) -> None:
         self.pool.shutdown(wait=False)
+        release_kept()
 

@@ -21,7 +21,7 @@ import triton_python_backend_utils as pb_utils
 
 from glm_engine.tokenizer import GlmTokenizer
 
-from .bls_calls import exec_latest
+from .bls_calls import exec_latest, release_kept
 from .common import (CODE_IN_MESSAGE, InputError, callee_error, check_prompt, error_response, internal_error,
                      optional_scalar, output_or_empty, request_parameters, required_array, resolve_model_dir, send_now,
                      text_of, without_empty)
@@ -171,3 +171,4 @@ class VllmStyleModel:
 
     def finalize(self):
         self.pool.shutdown(wait=False, cancel_futures=True)
+        release_kept()
