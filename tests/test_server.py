@@ -14,7 +14,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from clients.request import SAMPLING_INPUTS
+from clients.request import SAMPLING_INPUTS, Piece
 from support.server import glm_answer, glm_inputs, grpc_inputs, metric, metrics, running_server, wait_for
 
 pytestmark = pytest.mark.integration
@@ -119,20 +119,17 @@ def test_many_streams_at_once_add_up_to_their_answers_with_several_tokens_in_som
     prompts = [f"Stream {index} says" for index in range(48)]
     expected = [generate_text(triton_server, prompt, max_tokens=24, ignore_eos=True) for prompt in prompts]
 
-    def streamed(prompt: str) -> list[tuple[str, int, int]]:
-        """(text, output tokens so far, log-probs) of each response with outputs."""
+    def streamed(prompt: str) -> list[Piece]:
         results = stream_results(triton_server, "ensemble", ensemble_inputs(
             grpcclient, prompt, stream=True, max_tokens=24, ignore_eos=True, return_log_probs=True))
-        return [(result.as_numpy("text_output").reshape(-1)[0].decode(),
-                 int(result.as_numpy("num_output_tokens").reshape(-1)[0]), result.as_numpy("output_log_probs").size)
-                for result in results if result.get_response().outputs]
+        return [Piece.from_outputs(result.as_numpy) for result in results if result.get_response().outputs]
 
     with ThreadPoolExecutor(len(prompts)) as pool:
         answers = list(pool.map(streamed, prompts))
     for answer, whole in zip(answers, expected):
-        assert "".join(text for text, _, _ in answer) == whole
-        sent = [count for _, count, _ in answer]
-        assert sent[-1] == 24 and [logprobs for *_, logprobs in answer] == np.diff([0] + sent).tolist()
+        assert "".join(piece.text for piece in answer) == whole
+        sent = [piece.num_output_tokens for piece in answer]
+        assert sent[-1] == 24 and [len(piece.log_probs) for piece in answer] == np.diff([0] + sent).tolist()
     responses = sum(len(answer) for answer in answers)
     print(f"\n[coalescing] {48 * 24} tokens in {responses} responses")
     # Without coalescing: 1,119 (a response a token, or a character's tokens together); with it, about 440.
@@ -144,16 +141,12 @@ def test_streams_of_several_answers_each_end_every_answer_before_the_final_flag(
     load the answer that ended last may be sent before another's last tokens. Triton's final flag must still come
     last, after every answer's end (sent before, it left those tokens with a closed sender: CI met it)."""
     def streamed(index: int) -> dict[int, tuple[int, str]]:
+        """(output tokens, finish reason) of each answer's last response."""
         results = stream_results(triton_server, "ensemble", ensemble_inputs(
             grpcclient, f"Answer {index}:", stream=True, max_tokens=12, ignore_eos=True, temperature=1.0,
             seed=index, num_return_sequences=3))
-        answers = {}
-        for result in results:
-            if result.get_response().outputs:
-                answers[int(result.as_numpy("sequence_index").reshape(-1)[0])] = (
-                    int(result.as_numpy("num_output_tokens").reshape(-1)[0]),
-                    result.as_numpy("finish_reason").reshape(-1)[0].decode())
-        return answers
+        pieces = [Piece.from_outputs(result.as_numpy) for result in results if result.get_response().outputs]
+        return {piece.sequence_index: (piece.num_output_tokens, piece.finish_reason) for piece in pieces}
 
     with ThreadPoolExecutor(16) as pool:
         for answers in pool.map(streamed, range(16)):
