@@ -197,14 +197,17 @@ def test_a_tokens_linear_output_does_not_depend_on_its_batch():
         assert torch.equal(alone, batched[first:first + count])
 
 
-@pytest.fixture(params=["native", "avx2"])
+INT8_BUILDS = {"native": (), "vnni": cpu_int8_kernel.WITHOUT_AMX, "avx2": ("-mno-avx512f",)}
+
+
+@pytest.fixture(params=list(INT8_BUILDS))
 def int8_build(request) -> tuple[str, ...]:
-    """The int8 kernel's extra compiler flags: this CPU's build (8-bit with AVX-512 VNNI, else 7-bit), and the AVX2
-    one where this CPU would build the other."""
-    flags = () if request.param == "native" else ("-mno-avx512f",)
+    """The int8 kernel's extra compiler flags: this CPU's build (AMX, VNNI, else 7-bit AVX2), and each narrower one
+    this CPU can run but would not build."""
+    flags = INT8_BUILDS[request.param]
     kernel = int8_kernel_or_skip(flags)
-    if flags and cpu_int8_kernel.load().value_max == kernel.value_max:
-        pytest.skip("this CPU's own build is the AVX2 one")
+    if flags and cpu_int8_kernel.load()[2:] == kernel[2:]:  # the same panel, range and padding
+        pytest.skip(f"this CPU's own build is the {request.param} one")
     return flags
 
 
@@ -233,7 +236,7 @@ def test_the_int8_kernel_sums_exactly_what_it_quantized(int8_build, rows, out_fe
     _, values, scales, packed, compensation = int8_layer(out_features, in_features, rows, int8_build)
     assert values.abs().max() <= top
     b = torch.randn(out_features, generator=generator) if bias else None
-    scratch = torch.empty(rows, cpu_int8_kernel.padded(in_features), dtype=torch.uint8), torch.empty(rows)
+    scratch = torch.empty(rows, cpu_int8_kernel.padded(in_features, int8_build), dtype=torch.uint8), torch.empty(rows)
     got = cpu_int8_kernel.linear(x, packed, compensation, scales, b, scratch, int8_build)
     x_values, x_scales = scratch[0][:, :in_features].long() - (top + 1), scratch[1]
     torch.testing.assert_close(x_scales, x.abs().amax(dim=1) / top, rtol=1e-6, atol=0)
@@ -267,6 +270,22 @@ def test_the_int8_kernel_neither_saturates_nor_loses_a_token_to_its_batch(int8_b
     for first, count in ((0, 1), (3, 4), (90, 10), (50, 6)):
         alone = cpu_int8_kernel.linear(x[first:first + count], packed, compensation, scales, None, None, int8_build)
         assert torch.equal(alone, batched[first:first + count])
+
+
+@pytest.mark.parametrize("rows", [1, 15, 16, 17, 32, 33, 70])
+def test_the_amx_build_gives_the_vnni_builds_bits(rows):
+    """The same integer sums made by tile instructions: the same outputs, for every count of 16-token tiles and
+    their remainders, inputs not a multiple of a tile's 64 and outputs not of the 32-wide panel."""
+    if not cpu_int8_kernel.load().uses_amx:
+        pytest.skip("this CPU's int8 kernel is not the AMX build")
+    int8_kernel_or_skip(cpu_int8_kernel.WITHOUT_AMX)
+    x = torch.randn(rows, 1000, generator=torch.Generator().manual_seed(rows))
+    bias = torch.randn(200)
+    outputs = []
+    for flags in ((), cpu_int8_kernel.WITHOUT_AMX):
+        _, _, scales, packed, compensation = int8_layer(200, 1000, 5, flags)
+        outputs.append(cpu_int8_kernel.linear(x, packed, compensation, scales, bias, None, flags))
+    assert torch.equal(*outputs)
 
 
 @pytest.mark.parametrize("rows", [1, 7, 300])  # 300 x 512: enough elements for the threads to share the rows
@@ -345,7 +364,7 @@ def test_int8_products_go_to_the_fastest_kernel_this_cpu_has(monkeypatch, vnni, 
     oneDNN's uint8 x int8 product (layer_backend torch)."""
     monkeypatch.setattr("glm_engine.quantization.cpu_has_int8_dot_product", lambda: vnni)
     monkeypatch.setattr(cpu_int8_kernel, "load", lambda extra_flags=(): cpu_int8_kernel.Int8Kernel(
-        None, None, 32 if build_max == 127 else 16, build_max))
+        None, None, 32 if build_max == 127 else 16, build_max, 8))
     assert int8_cpu_kernel("cpu" if build_max else "torch") == expected
     assert int8_cpu_kernel("torch") == (None if vnni else "onednn")
 
@@ -389,6 +408,18 @@ def test_a_compiler_error_is_reported(monkeypatch, tmp_path):
     with pytest.raises(KernelUnavailable, match="false failed \\(exit status 1\\)"):
         c_kernels.build(cpu_linear_kernel.SOURCE)
     assert list(tmp_path.iterdir()) == []  # no half-written kernel left for the next process
+
+
+def test_the_kernel_flags_setting_reaches_every_build(monkeypatch, tmp_path):
+    """GLM_KERNEL_FLAGS is passed to the compiler (a flag it rejects fails the build, naming the flag) and is part
+    of the cache key (the same source with other flags is another kernel)."""
+    monkeypatch.setenv(c_kernels.CACHE_ENV, str(tmp_path))
+    plain = c_kernels.build(cpu_int8_kernel.SOURCE)
+    monkeypatch.setenv(c_kernels.FLAGS_ENV, "-mno-avx512f")
+    assert c_kernels.build(cpu_int8_kernel.SOURCE) != plain
+    monkeypatch.setenv(c_kernels.FLAGS_ENV, "-fno-such-flag")
+    with pytest.raises(KernelUnavailable, match="-fno-such-flag"):
+        c_kernels.build(cpu_int8_kernel.SOURCE)
 
 
 @pytest.mark.parametrize("backend", ["cpu", "torch"])

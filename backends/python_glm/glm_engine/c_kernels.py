@@ -3,9 +3,10 @@ cpu_elementwise_kernel.c, cpu_int8_kernel.c) for the CPU they run on.
 
 Each is compiled on first use with the system's C compiler (`CC`, else `cc`) for this CPU (-march=native), in well
 under a second, into a cache directory (`GLM_KERNEL_CACHE`, else ~/.cache/open-autoglm, else the temporary
-directory) under a name that hashes the source, the compiler and the CPU's flags, then loaded with ctypes. Where a
-kernel cannot be built, KernelUnavailable says why, and the engine keeps its torch / oneDNN path (backend auto) or
-refuses to start (a backend asked for by name). No torch headers: plain C and OpenMP, whose runtime is the one
+directory) under a name that hashes the source, the compiler, its flags and the CPU's, then loaded with ctypes.
+`GLM_KERNEL_FLAGS` adds compiler flags to every build (`-mno-amx-tile -mno-amx-int8`: the int8 kernel without AMX,
+to compare the two; `-mno-avx512f`: the AVX2 builds). Where a kernel cannot be built, KernelUnavailable says why,
+and the engine keeps its torch / oneDNN path (backend auto) or refuses to start (a backend asked for by name). No torch headers: plain C and OpenMP, whose runtime is the one
 torch has already loaded.
 """
 
@@ -16,6 +17,7 @@ import functools
 import hashlib
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -24,6 +26,7 @@ from pathlib import Path
 from .cpu_info import cpu_flags
 
 CACHE_ENV = "GLM_KERNEL_CACHE"
+FLAGS_ENV = "GLM_KERNEL_FLAGS"
 # -ffast-math when compiling only: linking a shared object with it would set flush-to-zero for the whole process.
 COMPILE_FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fPIC"]
 LINK_FLAGS = ["-shared", "-fopenmp", "-lm"]
@@ -63,10 +66,10 @@ def _compiler_version(compiler: str) -> str:
 def build(source: Path, extra_flags: tuple[str, ...] = ()) -> Path:
     """The compiled shared object of a C source (in this package), compiling it unless the cache has it. Several
     processes may build at once: each writes its own temporary file and renames it into place. extra_flags follow
-    the usual ones (tests build a kernel for a narrower instruction set than this CPU's: -mno-avx512f). The cache
+    the usual ones and GLM_KERNEL_FLAGS' (tests build a kernel for a narrower instruction set than this CPU's: -mno-avx512f). The cache
     key covers the headers beside the source (cpu_tiles.h), which a source may include."""
     compiler = _compiler()
-    compile_flags = [*COMPILE_FLAGS, *extra_flags]
+    compile_flags = [*COMPILE_FLAGS, *shlex.split(os.environ.get(FLAGS_ENV, "")), *extra_flags]
     headers = [header.read_text() for header in sorted(source.parent.glob("*.h"))]
     key = hashlib.sha256("\0".join([
         source.read_text(), *headers, compiler, _compiler_version(compiler), " ".join(compile_flags + LINK_FLAGS),

@@ -13,6 +13,12 @@
  *   is then at most 2 * 127 * 63 = 16002 and two pairs 32004 < 32767, so two steps' int16 sums add exactly before
  *   one widening: 1.5 multiply instructions per 32 products instead of 2, and a quarter of float32's weight bytes.
  *
+ * - AMX (Sapphire Rapids and later): the VNNI build's packing, quantizing and rescaling, with the sums made by tile
+ *   instructions: tdpbusd multiplies a 16 x 64 tile of uint8 activations by a 64 x 16 tile of int8 weights into 16 x 16
+ *   int32 sums, 16 VNNI instructions' work in one. The panel's layout is already the one a weight tile wants (4
+ *   inputs of 16 outputs a 64-byte row, read with the panel's 128-byte stride); the input is padded to a multiple of
+ *   64, a tile's depth. The sums are the same integers as the VNNI build's, so the outputs are the same bits.
+ *
  * Either way the shift adds SHIFT * (sum of the channel's weights) to each output, which the packed weight carries
  * (its compensation) and the kernel takes away; every integer sum is exact. The weight [out, in] is packed into
  * panels of PANEL output channels: for every 4 input channels, the panel holds the 4 weights of each of its outputs
@@ -23,6 +29,7 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -30,6 +37,13 @@
 #define PANEL 32
 #define ROWS 8
 #define VALUE_MAX 127 /* weights and activations */
+#if defined(__AMX_INT8__) && defined(__AMX_TILE__)
+#define AMX 1
+#include <errno.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define GROUP 64 /* a tile's depth: 64 inputs */
+#endif
 #elif defined(__AVX2__)
 #define PANEL 16
 #define ROWS 6
@@ -40,7 +54,9 @@
 #include "cpu_prefetch.h"
 #include "cpu_tiles.h"
 #define SHIFT (VALUE_MAX + 1)
+#ifndef GROUP
 #define GROUP 8 /* the packed input's padding: two steps of 4 on AVX2 */
+#endif
 #define ROW_BLOCK 96
 /* How far ahead of the inputs it multiplies a tile asks for the panel, as in cpu_linear_kernel.c. */
 #define PREFETCH_BYTES 32768
@@ -55,6 +71,23 @@ int linear_i8_panel(void)
 int linear_i8_value_max(void)
 {
     return VALUE_MAX;
+}
+
+int linear_i8_group(void)
+{
+    return GROUP;
+}
+
+/* 0, or the errno of Linux's refusal to let this process use AMX tiles (each process must ask, Linux 5.16 and up):
+ * the caller then builds without AMX. */
+int linear_i8_init(void)
+{
+#ifdef AMX
+    enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 0 : errno;
+#else
+    return 0;
+#endif
 }
 
 /* packed: [ceil(out / PANEL), padded_in / 4, PANEL, 4] int8 from weight [out, in] (+-VALUE_MAX, contiguous);
@@ -97,6 +130,25 @@ static inline int32_t four_bytes(const uint8_t *p)
 }
 
 #if VALUE_MAX == 127
+/* One token's outputs 0 .. width) of a panel from its two vectors of 16 sums: (sum - compensation) * (weight scale *
+ * token scale) (+ bias), in intrinsics that -ffast-math cannot reorder: every tile size and build computes a token's
+ * outputs the same way, whatever the batch. */
+static inline __attribute__((always_inline)) void store_token(float *out, const __m512i sums[2], float token_scale,
+                                                              const int32_t *compensation, const float *weight_scale,
+                                                              const float *bias, int64_t width)
+{
+    for (int half = 0; half < 2; half++) {
+        const int64_t left = width - 16 * half;
+        const __mmask16 lanes = left >= 16 ? 0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+        const __m512i shift = _mm512_maskz_loadu_epi32(lanes, compensation + 16 * half);
+        const __m512 scale = _mm512_maskz_loadu_ps(lanes, weight_scale + 16 * half);
+        const __m512 add = bias ? _mm512_maskz_loadu_ps(lanes, bias + 16 * half) : _mm512_setzero_ps();
+        const __m512 sum = _mm512_cvtepi32_ps(_mm512_sub_epi32(sums[half], shift));
+        const __m512 value = _mm512_fmadd_ps(sum, _mm512_mul_ps(scale, _mm512_set1_ps(token_scale)), add);
+        _mm512_mask_storeu_ps(out + 16 * half, lanes, value);
+    }
+}
+
 /* out[r, 0 .. width) for tokens r < rows (<= ROWS) against one panel: two int32 vectors of 16 outputs a token. */
 static inline __attribute__((always_inline)) void tile(float *out, int64_t out_stride, const uint8_t *values,
                                                        int64_t padded_in, const float *token_scales,
@@ -125,20 +177,8 @@ static inline __attribute__((always_inline)) void tile(float *out, int64_t out_s
     }
     const __m512i acc[ROWS][2] = {{lo0, hi0}, {lo1, hi1}, {lo2, hi2}, {lo3, hi3},
                                   {lo4, hi4}, {lo5, hi5}, {lo6, hi6}, {lo7, hi7}};
-    /* (sum - compensation) * (weight scale * token scale) (+ bias) in intrinsics that -ffast-math cannot reorder:
-     * every tile size computes a token's outputs the same way, whatever the batch. */
-    for (int half = 0; half < 2; half++) {
-        const int64_t left = width - 16 * half;
-        const __mmask16 lanes = left >= 16 ? 0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
-        const __m512i shift = _mm512_maskz_loadu_epi32(lanes, compensation + 16 * half);
-        const __m512 scale = _mm512_maskz_loadu_ps(lanes, weight_scale + 16 * half);
-        const __m512 add = bias ? _mm512_maskz_loadu_ps(lanes, bias + 16 * half) : _mm512_setzero_ps();
-        for (int r = 0; r < rows; r++) {
-            const __m512 sum = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][half], shift));
-            const __m512 value = _mm512_fmadd_ps(sum, _mm512_mul_ps(scale, _mm512_set1_ps(token_scales[r])), add);
-            _mm512_mask_storeu_ps(out + r * out_stride + 16 * half, lanes, value);
-        }
-    }
+    for (int r = 0; r < rows; r++)
+        store_token(out + r * out_stride, acc[r], token_scales[r], compensation, weight_scale, bias, width);
 }
 #else
 /* out[r, 0 .. width) for tokens r < rows (<= ROWS) against one panel: two int32 vectors of 8 outputs a token. */
@@ -188,6 +228,7 @@ static inline __attribute__((always_inline)) void tile(float *out, int64_t out_s
 }
 #endif
 
+#ifndef AMX
 /* Each token count's tile a function of its own, never inlined into the loops below: GCC 12 keeps the sums in
  * registers only then (inlined, it copied them between registers at each step: half the speed). */
 #define DEFINE_TILE(COUNT)                                                                                          \
@@ -204,6 +245,65 @@ DEFINE_TILE(1) DEFINE_TILE(2) DEFINE_TILE(3) DEFINE_TILE(4) DEFINE_TILE(5) DEFIN
 DEFINE_TILE(7) DEFINE_TILE(8)
 #endif
 #undef DEFINE_TILE
+#else
+#define AMX_ROWS 32 /* tokens a tile step: two 16-token activation tiles */
+
+/* Tiles 0-3: the sums of tokens 0-15 | 16-31 for outputs 0-15 | 16-31; 4, 5: those tokens' activations; 6, 7: the
+ * two halves' weights. A configuration holds each tile's row count, so it is made for a number of tokens (1 .. 32);
+ * the second token tile is left unconfigured below 17. */
+static void configure_tiles(int tokens)
+{
+    struct {
+        uint8_t palette, start_row, reserved[14];
+        uint16_t bytes_per_row[16];
+        uint8_t rows[16];
+    } config = {.palette = 1};
+    const int first = tokens < 16 ? tokens : 16, second = tokens - first;
+    const int rows[8] = {first, first, second, second, first, second, 16, 16};
+    for (int t = 0; t < 8; t++) {
+        config.rows[t] = (uint8_t)rows[t];
+        config.bytes_per_row[t] = rows[t] ? 64 : 0;
+    }
+    _tile_loadconfig(&config);
+}
+
+/* As tile(), for the `tokens` the tiles are configured for. */
+static void amx_tile(float *out, int64_t out_stride, const uint8_t *values, int64_t padded_in,
+                     const float *token_scales, const int8_t *panel, const int32_t *compensation,
+                     const float *weight_scale, const float *bias, int64_t width, int tokens)
+{
+    const int two = tokens > 16;
+    _tile_zero(0);
+    _tile_zero(1);
+    if (two) {
+        _tile_zero(2);
+        _tile_zero(3);
+    }
+    for (int64_t j = 0; j < padded_in; j += GROUP) {
+        _tile_loadd(4, values + j, padded_in);
+        _tile_loadd(6, panel + j * PANEL, PANEL * 4);
+        _tile_loadd(7, panel + j * PANEL + 64, PANEL * 4);
+        _tile_dpbusd(0, 4, 6);
+        _tile_dpbusd(1, 4, 7);
+        if (two) {
+            _tile_loadd(5, values + 16 * padded_in + j, padded_in);
+            _tile_dpbusd(2, 5, 6);
+            _tile_dpbusd(3, 5, 7);
+        }
+    }
+    int32_t sums[AMX_ROWS][PANEL];
+    _tile_stored(0, sums[0], PANEL * 4);
+    _tile_stored(1, sums[0] + 16, PANEL * 4);
+    if (two) {
+        _tile_stored(2, sums[16], PANEL * 4);
+        _tile_stored(3, sums[16] + 16, PANEL * 4);
+    }
+    for (int r = 0; r < tokens; r++) {
+        const __m512i token_sums[2] = {_mm512_loadu_si512(sums[r]), _mm512_loadu_si512(sums[r] + 16)};
+        store_token(out + r * out_stride, token_sums, token_scales[r], compensation, weight_scale, bias, width);
+    }
+}
+#endif
 
 /* out: [rows, out_features] float32; x: [rows, in_features] float32, contiguous; values, token_scales: scratch
  * [rows, padded_in] uint8 and [rows] float32 (left holding x quantized, for tests); weight_scale [out_features];
@@ -218,6 +318,26 @@ void linear_i8(float *out, const float *x, int64_t rows, const int8_t *packed, c
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < rows; r++)
             quantize_row(values + r * padded_in, token_scales + r, x + r * in_features, in_features, padded_in);
+#ifdef AMX
+        /* This thread's share of the panels, each token block against all of it: the tile configuration then
+         * changes at most once a call (for the last, shorter block), not at every panel. */
+        const int64_t threads = omp_get_num_threads(), me = omp_get_thread_num();
+        const int64_t first_panel = panels * me / threads, end_panel = panels * (me + 1) / threads;
+        int configured = 0;
+        for (int64_t r = 0; r < rows && first_panel < end_panel; r += AMX_ROWS) {
+            const int tokens = rows - r < AMX_ROWS ? (int)(rows - r) : AMX_ROWS;
+            if (tokens != configured)
+                configure_tiles(configured = tokens);
+            for (int64_t p = first_panel; p < end_panel; p++) {
+                const int64_t first = p * PANEL, width = out_features - first < PANEL ? out_features - first : PANEL;
+                amx_tile(out + r * out_features + first, out_features, values + r * padded_in, padded_in,
+                         token_scales + r, packed + p * padded_in * PANEL, compensation + first, weight_scale + first,
+                         bias ? bias + first : NULL, width, tokens);
+            }
+        }
+        if (configured)
+            _tile_release();
+#else
         for (int64_t first_row = 0; first_row < rows; first_row += ROW_BLOCK) {
             const int64_t end_row = rows - first_row < ROW_BLOCK ? rows : first_row + ROW_BLOCK;
 #pragma omp for schedule(static)
@@ -234,5 +354,6 @@ void linear_i8(float *out, const float *x, int64_t rows, const int8_t *packed, c
                 }
             }
         }
+#endif
     }
 }

@@ -129,7 +129,9 @@ def describe_int8_path(layer_kernels: str) -> str:
     """For the log at load: what runs int8 products on this CPU (quantization.int8_cpu_kernel)."""
     kernel = int8_cpu_kernel(layer_kernels)
     if kernel == "cpu":
-        return f"the C kernel, weights and activations within +-{cpu_int8_kernel.load().value_max}"
+        kernel = cpu_int8_kernel.load()
+        return (f"the C kernel{' (AMX tiles)' if kernel.uses_amx else ''}, weights and activations within "
+                f"+-{kernel.value_max}")
     if kernel == "onednn":
         return "oneDNN's uint8 x int8 product, 7-bit activations: about float32's speed without VNNI"
     return "torch._int_mm"
