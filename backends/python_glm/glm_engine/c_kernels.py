@@ -6,8 +6,8 @@ under a second, into a cache directory (`GLM_KERNEL_CACHE`, else ~/.cache/open-a
 directory) under a name that hashes the source, the compiler, its flags and the CPU's, then loaded with ctypes.
 `GLM_KERNEL_FLAGS` adds compiler flags to every build (`-mno-amx-tile -mno-amx-int8`: the int8 kernel without AMX,
 to compare the two; `-mno-avx512f`: the AVX2 builds). Where a kernel cannot be built, KernelUnavailable says why,
-and the engine keeps its torch / oneDNN path (backend auto) or refuses to start (a backend asked for by name). No torch headers: plain C and OpenMP, whose runtime is the one
-torch has already loaded.
+and the engine keeps its torch / oneDNN path (backend auto) or refuses to start (a backend asked for by name). No
+torch headers: plain C and OpenMP, whose runtime is the one torch has already loaded.
 """
 
 from __future__ import annotations
@@ -66,8 +66,8 @@ def _compiler_version(compiler: str) -> str:
 def build(source: Path, extra_flags: tuple[str, ...] = ()) -> Path:
     """The compiled shared object of a C source (in this package), compiling it unless the cache has it. Several
     processes may build at once: each writes its own temporary file and renames it into place. extra_flags follow
-    the usual ones and GLM_KERNEL_FLAGS' (tests build a kernel for a narrower instruction set than this CPU's: -mno-avx512f). The cache
-    key covers the headers beside the source (cpu_tiles.h), which a source may include."""
+    the usual ones and GLM_KERNEL_FLAGS' (tests build a kernel for a narrower instruction set than this CPU's:
+    -mno-avx512f). The cache key covers the headers beside the source (cpu_tiles.h), which a source may include."""
     compiler = _compiler()
     compile_flags = [*COMPILE_FLAGS, *shlex.split(os.environ.get(FLAGS_ENV, "")), *extra_flags]
     headers = [header.read_text() for header in sorted(source.parent.glob("*.h"))]

@@ -1,11 +1,16 @@
 /* INT8 linear layers on x86 CPUs: out = dequantize(quantize(x) @ weight^T) (+ bias), the weight packed once at load,
  * each token's activations quantized inside the call. Built and loaded by cpu_int8_kernel.py (compiled for the CPU
- * it runs on: c_kernels.py). Two builds, as the CPU allows:
+ * it runs on: c_kernels.py). Three builds, as the CPU allows:
  *
  * - AVX-512 VNNI (Ice Lake and later, AMD Zen 4 and later): vpdpbusd multiplies 4 uint8 by 4 int8 and adds them
  *   into an int32 in one instruction. Weights +-127 per output channel, activations +-127 per token shifted by 128
  *   into uint8 1 .. 255: the integers torch._int_mm would sum, without its separate quantizing and rescaling
  *   passes.
+ * - AMX (Sapphire Rapids and later): the VNNI build's packing, quantizing and rescaling, with the sums made by tile
+ *   instructions: tdpbusd multiplies a 16 x 64 tile of uint8 activations by a 64 x 16 tile of int8 weights into 16 x 16
+ *   int32 sums, 16 VNNI instructions' work in one. The panel's layout is already the one a weight tile wants (4
+ *   inputs of 16 outputs a 64-byte row, read with the panel's 128-byte stride); the input is padded to a multiple of
+ *   64, a tile's depth. The sums are the same integers as the VNNI build's, so the outputs are the same bits.
  * - AVX2 without VNNI (e.g. AMD Zen 2): the only int8 product, vpmaddubsw, multiplies uint8 by int8 and adds each
  *   pair of products into a saturating int16; a second multiply, vpmaddwd by ones, widens pairs of those into int32.
  *   Both go to the same multiply unit, so one such step per 32 products is no faster than float32's multiply-adds.
@@ -13,18 +18,12 @@
  *   is then at most 2 * 127 * 63 = 16002 and two pairs 32004 < 32767, so two steps' int16 sums add exactly before
  *   one widening: 1.5 multiply instructions per 32 products instead of 2, and a quarter of float32's weight bytes.
  *
- * - AMX (Sapphire Rapids and later): the VNNI build's packing, quantizing and rescaling, with the sums made by tile
- *   instructions: tdpbusd multiplies a 16 x 64 tile of uint8 activations by a 64 x 16 tile of int8 weights into 16 x 16
- *   int32 sums, 16 VNNI instructions' work in one. The panel's layout is already the one a weight tile wants (4
- *   inputs of 16 outputs a 64-byte row, read with the panel's 128-byte stride); the input is padded to a multiple of
- *   64, a tile's depth. The sums are the same integers as the VNNI build's, so the outputs are the same bits.
- *
- * Either way the shift adds SHIFT * (sum of the channel's weights) to each output, which the packed weight carries
+ * In every build the shift adds SHIFT * (sum of the channel's weights) to each output, which the packed weight carries
  * (its compensation) and the kernel takes away; every integer sum is exact. The weight [out, in] is packed into
  * panels of PANEL output channels: for every 4 input channels, the panel holds the 4 weights of each of its outputs
  * side by side (one int32 lane an output), the input zero-padded to a multiple of GROUP. The micro-kernel takes up
- * to ROWS tokens against one panel. Each output's sum is the same integers whatever the batch, then scaled by the
- * token's and the channel's scales: a token's result does not depend on the rest of the batch.
+ * to ROWS tokens (AMX: AMX_ROWS) against one panel. Each output's sum is the same integers whatever the batch, then
+ * scaled by the token's and the channel's scales: a token's result does not depend on the rest of the batch.
  */
 
 #include <immintrin.h>
