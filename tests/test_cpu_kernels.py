@@ -7,7 +7,9 @@ when it cannot."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -286,6 +288,32 @@ def test_the_amx_build_gives_the_vnni_builds_bits(rows):
         _, _, scales, packed, compensation = int8_layer(200, 1000, 5, flags)
         outputs.append(cpu_int8_kernel.linear(x, packed, compensation, scales, bias, None, flags))
     assert torch.equal(*outputs)
+
+
+def test_the_int8_kernel_is_built_without_amx_where_linux_refuses_the_tiles(monkeypatch, caplog):
+    """Linux answers a process's request for AMX tiles with an error where it cannot give them (before 5.16, or a
+    sandbox that forbids it): the kernel is then the VNNI or AVX2 build, and the log says why."""
+    int8_kernel_or_skip()
+    build_with_amx = cpu_int8_kernel.load_library
+
+    def refusing(source, extra_flags=()):
+        library = build_with_amx(source, extra_flags)
+        if not set(cpu_int8_kernel.WITHOUT_AMX) <= set(extra_flags):
+            library.linear_i8_init = lambda: errno.EPERM
+        return library
+
+    monkeypatch.setattr(cpu_int8_kernel, "load_library", refusing)
+    cpu_int8_kernel.load.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING):
+            kernel = cpu_int8_kernel.load()
+        assert not kernel.uses_amx
+        assert f"refused this process AMX tiles ({os.strerror(errno.EPERM)})" in caplog.text
+        _, _, scales, packed, compensation = int8_layer(64, 128, 1, ())
+        out = cpu_int8_kernel.linear(torch.ones(3, 128), packed, compensation, scales, None)
+        assert out.shape == (3, 64) and torch.isfinite(out).all()
+    finally:
+        cpu_int8_kernel.load.cache_clear()
 
 
 @pytest.mark.parametrize("rows", [1, 7, 300])  # 300 x 512: enough elements for the threads to share the rows
