@@ -7,7 +7,9 @@ Side by side, on the same input: the float32 layer (glm_model.Linear) packed for
 (glm_engine/cpu_linear_kernel.c, the engine's default on the CPU), the engine's int8 layer as it runs on this CPU
 with its default C kernels and with layer_backend torch (glm_engine/quantization.py, int8_cpu_kernel: the C kernel
 cpu_int8_kernel.c, `torch._int_mm`, or without VNNI oneDNN's uint8 x int8 product of 7-bit activations), the
-integer product alone on the _int_mm and oneDNN paths (what it costs without quantizing and rescaling), and
+integer product alone on the _int_mm and oneDNN paths (what it costs without quantizing and rescaling), on a CPU
+with AMX the C kernel called alone (no module call) in its AMX build and in its VNNI build (-mno-amx-tile
+-mno-amx-int8), side by side: what the tiles are worth, and
 fbgemm's dynamic int8 layer (`torch.ao`'s, which scales activations per tensor: faster where it is, but a token's
 result then depends on the rest of the batch).
 Prints GFLOP/s-equivalent (2 * rows * in * out / time) and writes JSON.
@@ -23,10 +25,11 @@ import warnings
 
 import torch
 
+from glm_engine import cpu_int8_kernel
 from glm_engine.glm_model import Linear
 from glm_engine.model_runner import describe_int8_path
-from glm_engine.quantization import (INT7_MAX, QuantizedLinear, cpu_has_int8_dot_product, pack_int8_for_avx2,
-                                     quantize_rows, quantize_weight)
+from glm_engine.quantization import (INT7_MAX, QuantizedLinear, cpu_has_int8_dot_product, int8_cpu_kernel,
+                                     pack_int8_for_avx2, quantize_rows, quantize_weight)
 from glm_tools.demo_model import BENCH_ARCHITECTURE
 
 HIDDEN, INTER = BENCH_ARCHITECTURE["hidden_size"], BENCH_ARCHITECTURE["intermediate_size"]
@@ -77,14 +80,18 @@ def main(argv: list[str] | None = None) -> int:
           f"{'yes' if vnni else 'no'}; int8 products: {describe_int8_path('cpu')}; with layer_backend torch: "
           f"{describe_int8_path('torch')}; GFLOP/s-equivalent", flush=True)
     print("\n| layer | rows | float32 (oneDNN) | float32 (C kernel) | int8 (engine) | int8 (layer_backend torch) "
-          "| int8 (engine) vs float32 (C kernel) | _int_mm alone | oneDNN u8 x s8 alone | fbgemm dynamic (per-tensor) |"
-          "\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| int8 (engine) vs float32 (C kernel) | int8 C kernel alone: AMX / without AMX | _int_mm alone "
+          "| oneDNN u8 x s8 alone "
+          "| fbgemm dynamic (per-tensor) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    amx = int8_cpu_kernel("cpu") == "cpu" and cpu_int8_kernel.load().uses_amx
     results = []
     with torch.inference_mode():
         for name, (in_features, out_features) in SHAPES.items():
             dense, dense_c, int8, int8_torch, weight_values, weight_scales, packed = layers(in_features, out_features)
             weight_t, onednn_weight = weight_values.t(), pack_int8_for_avx2(weight_values)
             zero_points = torch.zeros(out_features, dtype=torch.long)
+            if amx:
+                without_amx = cpu_int8_kernel.pack_weight(weight_values, cpu_int8_kernel.WITHOUT_AMX)
             for rows in (int(r) for r in args.rows.split(",")):
                 x = torch.randn(rows, in_features)
                 values, _ = quantize_rows(x, "int8")
@@ -94,6 +101,11 @@ def main(argv: list[str] | None = None) -> int:
                     "float32_c": seconds(lambda: dense_c(x), args.repeat),
                     "int8": seconds(lambda: int8(x), args.repeat),
                     "int8_torch_backend": seconds(lambda: int8_torch(x), args.repeat),
+                    **({"int8_c_kernel_alone": seconds(lambda: cpu_int8_kernel.linear(
+                        x, int8.packed_weight, int8.compensation, int8.weight_scale, None), args.repeat),
+                        "int8_without_amx": seconds(lambda: cpu_int8_kernel.linear(
+                            x, *without_amx, weight_scales, None, None, cpu_int8_kernel.WITHOUT_AMX), args.repeat)}
+                       if amx else {}),
                     "int_mm_alone": seconds(lambda: torch._int_mm(values, weight_t), args.repeat),
                     "onednn_u8s8_alone": seconds(lambda: torch.ops.onednn.qlinear_pointwise(
                         shifted, 1.0, 64, onednn_weight, weight_scales, zero_points, None, 1.0, 0, torch.float32,
@@ -104,17 +116,20 @@ def main(argv: list[str] | None = None) -> int:
                 flops = 2 * rows * in_features * out_features
                 row = {"layer": name, "rows": rows, "in": in_features, "out": out_features,
                        **{f"{k}_gflops": flops / t / 1e9 for k, t in times.items()},
-                       "int8_vs_float32_c": times["float32_c"] / times["int8"]}
+                       "int8_vs_float32_c": times["float32_c"] / times["int8"],
+                       **({"amx_vs_without": times["int8_without_amx"] / times["int8_c_kernel_alone"]} if amx else {})}
                 results.append(row)
+                amx_column = (f"{row['int8_c_kernel_alone_gflops']:.0f} / {row['int8_without_amx_gflops']:.0f} "
+                              f"({row['amx_vs_without']:.2f}x)") if amx else "-"
                 print(f"| {name} [{in_features} x {out_features}] | {rows} | {row['float32_gflops']:.0f} | "
                       f"{row['float32_c_gflops']:.0f} | {row['int8_gflops']:.0f} | "
                       f"{row['int8_torch_backend_gflops']:.0f} | {row['int8_vs_float32_c']:.2f}x | "
-                      f"{row['int_mm_alone_gflops']:.0f} | {row['onednn_u8s8_alone_gflops']:.0f} | "
+                      f"{amx_column} | {row['int_mm_alone_gflops']:.0f} | {row['onednn_u8s8_alone_gflops']:.0f} | "
                       f"{row['fbgemm_dynamic_gflops']:.0f} |", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"torch": torch.__version__, "threads": torch.get_num_threads(), "int8_dot_product": vnni,
-                       "results": results}, f, indent=2)
+                       "int8_kernel_uses_amx": amx, "results": results}, f, indent=2)
         print(f"[linear] wrote {args.json}")
     return 0
 

@@ -105,6 +105,8 @@ def test_bench_linear_times_float_and_int8_layers(tmp_path):
     assert len(results) == 4 * 2 and all(row["int8_gflops"] > 0 and row["float32_gflops"] > 0 and
                                          row["onednn_u8s8_alone_gflops"] > 0 for row in results)
     assert isinstance(written["int8_dot_product"], bool)
+    if written["int8_kernel_uses_amx"]:  # the AMX and VNNI builds side by side
+        assert all(row["amx_vs_without"] > 0 and row["int8_without_amx_gflops"] > 0 for row in results)
 
 
 @pytest.mark.parametrize("phase", ["decode", "prefill"])

@@ -274,7 +274,7 @@ def test_the_int8_kernel_neither_saturates_nor_loses_a_token_to_its_batch(int8_b
         assert torch.equal(alone, batched[first:first + count])
 
 
-@pytest.mark.parametrize("rows", [1, 15, 16, 17, 32, 33, 70])
+@pytest.mark.parametrize("rows", [1, 3, 4, 15, 16, 17, 32, 33, 70])
 def test_the_amx_build_gives_the_vnni_builds_bits(rows):
     """The same integer sums made by tile instructions: the same outputs, for every count of 16-token tiles and
     their remainders, inputs not a multiple of a tile's 64 and outputs not of the 32-wide panel."""
