@@ -129,22 +129,41 @@ static inline int32_t four_bytes(const uint8_t *p)
 }
 
 #if VALUE_MAX == 127
-/* One token's outputs 0 .. width) of a panel from its two vectors of 16 sums: (sum - compensation) * (weight scale *
- * token scale) (+ bias), in intrinsics that -ffast-math cannot reorder: every tile size and build computes a token's
- * outputs the same way, whatever the batch. */
-static inline __attribute__((always_inline)) void store_token(float *out, const __m512i sums[2], float token_scale,
-                                                              const int32_t *compensation, const float *weight_scale,
-                                                              const float *bias, int64_t width)
+/* What rescales a panel's sums, loaded once a tile: per half of the panel's 32 outputs, the lanes within its width,
+ * the compensation, the weight scales and the bias (0 without one). */
+struct rescale {
+    __mmask16 lanes[2];
+    __m512i shift[2];
+    __m512 scale[2], add[2];
+};
+
+static inline __attribute__((always_inline)) struct rescale load_rescale(const int32_t *compensation,
+                                                                         const float *weight_scale, const float *bias,
+                                                                         int64_t width)
 {
+    struct rescale r;
     for (int half = 0; half < 2; half++) {
         const int64_t left = width - 16 * half;
         const __mmask16 lanes = left >= 16 ? 0xFFFF : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
-        const __m512i shift = _mm512_maskz_loadu_epi32(lanes, compensation + 16 * half);
-        const __m512 scale = _mm512_maskz_loadu_ps(lanes, weight_scale + 16 * half);
-        const __m512 add = bias ? _mm512_maskz_loadu_ps(lanes, bias + 16 * half) : _mm512_setzero_ps();
-        const __m512 sum = _mm512_cvtepi32_ps(_mm512_sub_epi32(sums[half], shift));
-        const __m512 value = _mm512_fmadd_ps(sum, _mm512_mul_ps(scale, _mm512_set1_ps(token_scale)), add);
-        _mm512_mask_storeu_ps(out + 16 * half, lanes, value);
+        r.lanes[half] = lanes;
+        r.shift[half] = _mm512_maskz_loadu_epi32(lanes, compensation + 16 * half);
+        r.scale[half] = _mm512_maskz_loadu_ps(lanes, weight_scale + 16 * half);
+        r.add[half] = bias ? _mm512_maskz_loadu_ps(lanes, bias + 16 * half) : _mm512_setzero_ps();
+    }
+    return r;
+}
+
+/* One token's outputs of a panel from its two vectors of 16 sums: (sum - compensation) * (weight scale * token
+ * scale) (+ bias), in intrinsics that -ffast-math cannot reorder: every tile size and build computes a token's
+ * outputs the same way, whatever the batch. */
+static inline __attribute__((always_inline)) void store_token(float *out, const __m512i sums[2], float token_scale,
+                                                              const struct rescale *r)
+{
+    for (int half = 0; half < 2; half++) {
+        const __m512 sum = _mm512_cvtepi32_ps(_mm512_sub_epi32(sums[half], r->shift[half]));
+        const __m512 value = _mm512_fmadd_ps(sum, _mm512_mul_ps(r->scale[half], _mm512_set1_ps(token_scale)),
+                                             r->add[half]);
+        _mm512_mask_storeu_ps(out + 16 * half, r->lanes[half], value);
     }
 }
 
@@ -176,8 +195,9 @@ static inline __attribute__((always_inline)) void tile(float *out, int64_t out_s
     }
     const __m512i acc[ROWS][2] = {{lo0, hi0}, {lo1, hi1}, {lo2, hi2}, {lo3, hi3},
                                   {lo4, hi4}, {lo5, hi5}, {lo6, hi6}, {lo7, hi7}};
+    const struct rescale rescale = load_rescale(compensation, weight_scale, bias, width);
     for (int r = 0; r < rows; r++)
-        store_token(out + r * out_stride, acc[r], token_scales[r], compensation, weight_scale, bias, width);
+        store_token(out + r * out_stride, acc[r], token_scales[r], &rescale);
 }
 #else
 /* out[r, 0 .. width) for tokens r < rows (<= ROWS) against one panel: two int32 vectors of 8 outputs a token. */
@@ -297,9 +317,10 @@ static void amx_tile(float *out, int64_t out_stride, const uint8_t *values, int6
         _tile_stored(2, sums[16], PANEL * 4);
         _tile_stored(3, sums[16] + 16, PANEL * 4);
     }
+    const struct rescale rescale = load_rescale(compensation, weight_scale, bias, width);
     for (int r = 0; r < tokens; r++) {
         const __m512i token_sums[2] = {_mm512_loadu_si512(sums[r]), _mm512_loadu_si512(sums[r] + 16)};
-        store_token(out + r * out_stride, token_sums, token_scales[r], compensation, weight_scale, bias, width);
+        store_token(out + r * out_stride, token_sums, token_scales[r], &rescale);
     }
 }
 #endif
