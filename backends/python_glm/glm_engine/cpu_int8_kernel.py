@@ -40,6 +40,9 @@ class Int8Kernel(NamedTuple):
     def uses_amx(self) -> bool:
         return self.group == 64
 
+    def padded(self, in_features: int) -> int:
+        return -(-in_features // self.group) * self.group
+
 
 @functools.cache
 def load(extra_flags: tuple[str, ...] = ()) -> Int8Kernel:
@@ -60,8 +63,7 @@ def load(extra_flags: tuple[str, ...] = ()) -> Int8Kernel:
 
 
 def padded(in_features: int, extra_flags: tuple[str, ...] = ()) -> int:
-    group = load(extra_flags).group
-    return -(-in_features // group) * group
+    return load(extra_flags).padded(in_features)
 
 
 def pack_weight(weight: torch.Tensor, extra_flags: tuple[str, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
@@ -72,7 +74,7 @@ def pack_weight(weight: torch.Tensor, extra_flags: tuple[str, ...] = ()) -> tupl
     weight = weight.detach().contiguous()
     assert weight.dtype == torch.int8 and weight.device.type == "cpu", "int8 on the CPU only"
     assert int(weight.abs().max()) <= kernel.value_max, f"weights within +-{kernel.value_max} only"
-    padded_in = padded(in_features, extra_flags)
+    padded_in = kernel.padded(in_features)
     packed = torch.empty(-(-out_features // kernel.panel), padded_in * kernel.panel, dtype=torch.int8)
     compensation = torch.empty(out_features, dtype=torch.int32)
     kernel.pack(packed.data_ptr(), compensation.data_ptr(), weight.data_ptr(), out_features, in_features,
@@ -90,7 +92,7 @@ def linear(x: torch.Tensor, packed: torch.Tensor, compensation: torch.Tensor, we
     x = x.contiguous()
     rows, in_features = x.shape
     out_features = compensation.shape[0]
-    padded_in = padded(in_features, extra_flags)
+    padded_in = kernel.padded(in_features)
     assert x.dtype == torch.float32 and packed.shape[1] == padded_in * kernel.panel
     values, token_scales = scratch or (torch.empty(rows, padded_in, dtype=torch.uint8), torch.empty(rows))
     out = torch.empty(rows, out_features)
