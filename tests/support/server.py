@@ -165,6 +165,13 @@ def ready(http_port: int) -> bool:
         return False
 
 
+def ready_again(http_port: int, log_path) -> bool:
+    """The launcher has restarted its server and the new one is ready. The launcher's line, not the health check
+    alone: a health check that timed out on the old server, still busy failing its streams, reads as not ready, and
+    that server goes on answering ready until the launcher sees its dead model process and kills it."""
+    return "[serve] ready again" in open(log_path).read() and ready(http_port)
+
+
 def kernel_log() -> list[str] | None:
     """The kernel's log lines (dmesg), or None where this user may not read them."""
     try:
