@@ -57,6 +57,40 @@ class Generation:
 INT32_MAX = 2**31 - 1  # the integer settings travel to Triton as INT32 tensors
 
 
+def parse_body(text: str) -> dict:
+    """A request body as a JSON object, or an ApiError 400 saying what is wrong with it: not JSON, nested past
+    Python's recursion limit, not an object, or a string that is no Unicode text (JSON lets a lone surrogate through
+    as \\ud800, which no UTF-8 encoder takes)."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        raise ApiError(400, "the request body must be JSON") from None
+    except RecursionError:
+        raise ApiError(400, "the request body is nested too deeply") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    pending = [("", body)]  # (path, value): iterative, as the body may be nested as deep as json.loads allowed
+    while pending:
+        path, value = pending.pop()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                _check_text(key, path or "the request body")
+                pending.append((f"{path}.{key}" if path else key, item))
+        elif isinstance(value, list):
+            pending.extend((f"{path}[{index}]", item) for index, item in enumerate(value))
+        elif isinstance(value, str):
+            _check_text(value, path)
+    return body
+
+
+def _check_text(text: str, path: str) -> None:
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:
+        raise invalid(path, f"must be Unicode text: it holds a lone surrogate (U+{ord(text[exc.start]):04X}) at "
+                      f"character {exc.start}") from None
+
+
 def _number(body: dict, name: str, kind=float, low=None, high=None):
     """A number field, None when absent; `kind` int: a whole number within INT32 unless `high` says otherwise."""
     value = body.get(name)

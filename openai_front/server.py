@@ -25,7 +25,7 @@ from clients.errors import (GlmError, InvalidRequestError, ModelNotReadyError, O
                             ServerUnavailableError)
 
 from .chat import chat_generation, might_become_a_call, tool_calls_in
-from .protocol import MAX_PROMPTS, ApiError, Generation, invalid, sampling_keywords, stream_options
+from .protocol import MAX_PROMPTS, ApiError, Generation, invalid, parse_body, sampling_keywords, stream_options
 
 log = logging.getLogger("openai_front")
 
@@ -147,11 +147,10 @@ class OpenAiFront:
 
     async def _body(self, request: web.Request) -> dict:
         try:
-            body = await request.json()
-        except ValueError:
+            text = await request.text()
+        except ValueError:  # bytes that are not text in the body's charset
             raise ApiError(400, "the request body must be JSON") from None
-        if not isinstance(body, dict):
-            raise ApiError(400, "the request body must be a JSON object")
+        body = parse_body(text)
         model = body.get("model")
         if not isinstance(model, str):
             raise invalid("model", "is required: the name /v1/models lists")

@@ -245,6 +245,23 @@ def test_a_body_that_is_not_json_is_a_400(front):
     assert response.status_code == 400 and response.json()["error"]["type"] == "invalid_request_error"
 
 
+@pytest.mark.parametrize("data, param", [
+    ('{"model": "glm", "prompt": "\\ud800 hi", "max_tokens": 2}', "prompt"),
+    ('{"model": "glm", "messages": [{"role": "user", "content": "ok \\udc00"}]}', "messages[0].content"),
+    ('{"model": "glm", "prompt": "hi", "stop": ["ok", "\\ud83d"]}', "stop[1]"),
+    ('{"model": "glm", "prompt": "hi", "metadata": {"\\ud800": 1}}', "metadata"),
+    ('{"model": "glm", "prompt": ' + "[" * 100_000 + "]" * 100_000 + "}", None),
+])
+def test_json_that_python_reads_but_is_no_text_or_too_deep_is_a_named_400(front, data, param):
+    """JSON lets a lone surrogate through (no UTF-8 encoder takes it), and json.loads raises RecursionError, not
+    ValueError, past Python's recursion limit: both were 500s."""
+    response = requests.post(f"{front}/v1/{'chat/completions' if 'messages' in data else 'completions'}", data=data,
+                             headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    assert response.status_code == 400, response.text[:300]
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param, error
+
+
 def test_without_a_triton_server_the_front_says_503(demo_model_dir):
     port = free_port()
     front = start_openai_front(f"127.0.0.1:{free_port()}", port, model_dir=demo_model_dir)  # nobody on that port
