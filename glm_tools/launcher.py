@@ -18,6 +18,7 @@ import glob
 import json
 import os
 import re
+import resource
 import secrets
 import shutil
 import signal
@@ -52,6 +53,12 @@ RESTRICTED_APIS = "model-repository,shared-memory,logging,trace"
 ADMIN_KEY_ENV = "GLM_ADMIN_KEY"
 # On stop(), how long running requests may go on generating before they end with a retryable error.
 DRAIN_GRACE_S = 20.0
+# The stack of each of the server's threads. Triton 2.51 parses a JSON request body recursively (RapidJSON without
+# its iterative mode; fixed upstream in 2026), about 200 bytes of the HTTP thread's stack a level of nesting: with
+# Linux's usual 8 MiB, one 120 kB body of 60,000 nested brackets crashed the server. A thread's stack size is taken
+# from RLIMIT_STACK when the process starts; 1 GiB (address space: only the pages touched are memory) takes some
+# 5 million levels, more than an 8 MB body holds (docs/operations.md: what is left, and the ingress' body limit).
+SERVER_STACK_BYTES = 2**30
 DRAIN_FILE_ENV = "GLM_DRAIN_FILE"  # read by glm_engine.watchdog, which this package must not import (no torch here)
 # Memory allocators the server and its stubs can run with (LD_PRELOAD). In a 30-minute soak with glibc's malloc, glm's
 # process grew 446 MB an hour; with jemalloc it stayed flat (docs/operations.md#memory-over-time-soak). "auto": jemalloc
@@ -202,6 +209,21 @@ def stop_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def server_stack_limit() -> tuple[int, int] | None:
+    """The RLIMIT_STACK to start tritonserver with: SERVER_STACK_BYTES within the hard limit, or None (leave it)
+    where Linux counts every mapping against a strict commit limit (vm.overcommit_memory 2), in which the stacks of
+    the server's 240 threads would not fit. A soft limit of "unlimited" gives threads glibc's 2 MiB: it is replaced."""
+    try:
+        with open("/proc/sys/vm/overcommit_memory") as f:
+            if f.read().strip() == "2":
+                return None
+    except OSError:
+        pass
+    soft, hard = resource.getrlimit(resource.RLIMIT_STACK)
+    wanted = SERVER_STACK_BYTES if hard == resource.RLIM_INFINITY else min(SERVER_STACK_BYTES, hard)
+    return (wanted, hard) if soft == resource.RLIM_INFINITY or soft < wanted else None
+
+
 class TritonServer:
     """A running tritonserver process group; a context manager that always stops it."""
 
@@ -252,10 +274,17 @@ class TritonServer:
         command = [binary, *server_args(self.http_port, self.grpc_port, self.metrics_port, self.model_repository,
                                         backend_dir, self.admin_key, self.host)]
         output = open(self.log_path, "w") if self.log_path else None
+        stack_limit = server_stack_limit()
+
+        def before_exec() -> None:  # in the child: system calls only (the parent may have other threads)
+            stop_with_parent()
+            if stack_limit:
+                resource.setrlimit(resource.RLIMIT_STACK, stack_limit)
+
         # A session of its own, so stopping it also stops the Python stub processes it started.
         self.process = subprocess.Popen(command, env={**env, **self.extra_env},
                                         stdout=output, stderr=subprocess.STDOUT if output else None,
-                                        start_new_session=True, preexec_fn=stop_with_parent)
+                                        start_new_session=True, preexec_fn=before_exec)
         return self
 
     def is_ready(self) -> bool:

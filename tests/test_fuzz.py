@@ -194,3 +194,17 @@ def test_fuzzed_requests_get_clear_answers_and_harm_nothing(fuzz_server):
     response = requests.post(f"http://{fuzz_server.http_url}/v2/models/ensemble/generate", timeout=60,
                              json={"text_input": "still here", "max_tokens": 4})
     assert response.status_code == 200 and response.json()["num_output_tokens"] == 4
+
+
+@pytest.mark.parametrize("depth", [60_000, 1_000_000])
+def test_deeply_nested_json_is_a_client_error_not_a_crash(fuzz_server, depth):
+    """Triton 2.51 parses JSON recursively: 60,000 nested brackets (a 120 kB body) crashed it with the usual 8 MiB
+    thread stacks; the launcher starts it with larger ones (glm_tools/launcher.py, SERVER_STACK_BYTES)."""
+    for endpoint in ("ensemble/generate", "preprocessing/infer"):
+        body = '{"text_input": ' + "[" * depth + "]" * depth + ', "max_tokens": 2}' if "generate" in endpoint else \
+            '{"inputs": [{"name": "QUERY", "datatype": "BYTES", "shape": [1, 1], "data": ' + "[" * depth + \
+            "]" * depth + "}]}"
+        response = requests.post(f"http://{fuzz_server.http_url}/v2/models/{endpoint}", data=body, timeout=120)
+        assert response.status_code == 400, response.text[:300]
+        assert "Traceback" not in response.text
+    assert fuzz_server.process.poll() is None and fuzz_server.is_ready()

@@ -131,6 +131,7 @@ def test_the_gpu_overlay_serves_a_checkpoint_volume_on_one_gpu():
     assert claim["spec"]["accessModes"] == ["ReadOnlyMany"]  # every pod, on any node, mounts it
     ingress = objects["Ingress"]
     assert ingress["metadata"]["annotations"]["nginx.ingress.kubernetes.io/upstream-hash-by"] == "$http_x_session_id"
+    assert ingress["metadata"]["annotations"]["nginx.ingress.kubernetes.io/proxy-body-size"] == "8m"
 
 
 def test_the_tensor_parallel_overlay_splits_the_model_over_the_gpus_it_asks_for():

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import builtins
+import io
 import os
+import resource
 
 import pytest
 
-from glm_tools.launcher import ALLOCATORS, PROCESS_ONLY_ENV, allocator_library, server_env
+from glm_tools import launcher
+from glm_tools.launcher import (ALLOCATORS, PROCESS_ONLY_ENV, SERVER_STACK_BYTES, allocator_library, server_env,
+                                server_stack_limit)
 
 
 def session_processes(leader: int) -> list[int]:
@@ -84,3 +89,28 @@ def test_the_server_listens_on_the_loopback_address_unless_told_otherwise(triton
         # 127.0.0.1 only, as IPv4 or IPv4-mapped IPv6 (gRPC's listener)
         assert listening.get(port) and listening[port] <= {"0100007F", "0000000000000000FFFF00000100007F"}, \
             (port, listening.get(port))
+
+
+@pytest.mark.parametrize("overcommit, limits, expected", [
+    ("0", (8 * 2**20, resource.RLIM_INFINITY), (SERVER_STACK_BYTES, resource.RLIM_INFINITY)),
+    ("1", (resource.RLIM_INFINITY, resource.RLIM_INFINITY), (SERVER_STACK_BYTES, resource.RLIM_INFINITY)),
+    ("0", (8 * 2**20, 64 * 2**20), (64 * 2**20, 64 * 2**20)),  # within the hard limit
+    ("0", (2 * SERVER_STACK_BYTES, resource.RLIM_INFINITY), None),  # larger already
+    ("2", (8 * 2**20, resource.RLIM_INFINITY), None),  # a strict commit limit: 240 such stacks would not fit
+])
+def test_the_servers_stack_limit(monkeypatch, overcommit, limits, expected):
+    real_open = builtins.open
+    monkeypatch.setattr(builtins, "open", lambda path, *args, **kwargs: io.StringIO(overcommit + "\n")
+                        if path == "/proc/sys/vm/overcommit_memory" else real_open(path, *args, **kwargs))
+    monkeypatch.setattr(launcher.resource, "getrlimit", lambda which: limits)
+    assert server_stack_limit() == expected
+
+
+@pytest.mark.integration
+def test_the_server_and_its_stubs_run_with_the_larger_stack_limit(triton_server):
+    """What lets the server take deeply nested JSON (tests/test_fuzz.py)."""
+    expected = server_stack_limit()
+    if expected is None:
+        pytest.skip("this machine's limits are left as they are (strict overcommit, or a larger stack already)")
+    for pid in session_processes(triton_server.process.pid):
+        assert resource.prlimit(pid, resource.RLIMIT_STACK) == expected, pid
