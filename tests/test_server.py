@@ -379,13 +379,28 @@ def test_over_long_prompt_is_refused(triton_server):
     assert_still_serving(triton_server)
 
 
-def grpc_stream_error(server, inputs) -> str:
-    """Send one streamed request to the ensemble and return the error it gets."""
+def test_a_prompt_of_more_bytes_than_the_context_can_hold_is_refused_before_tokenizing(triton_server):
+    """4.2 MB: tokenizing it takes seconds (about one a megabyte), in which the model instance's other requests
+    waited; its byte count alone shows that it cannot fit (GlmTokenizer.fewest_tokens)."""
+    text = "hello world " * 350_000
+    response = generate(triton_server, text_input=text, max_tokens=8)
+    assert response.status_code == 400 and "refused before tokenizing" in response.json()["error"], response.text
+    client = httpclient.InferenceServerClient(triton_server.http_url, network_timeout=120)
+    with pytest.raises(InferenceServerException) as error:
+        client.infer("bls", ensemble_inputs(httpclient, text))
+    assert_clear(error.value.message(), "text_input", "refused before tokenizing")
+    assert_clear(grpc_stream_error(triton_server, vllm_model_inputs(text, 8), "vllm_model"), "text_input",
+                 "refused before tokenizing")
+    assert_still_serving(triton_server)
+
+
+def grpc_stream_error(server, inputs, model: str = "ensemble") -> str:
+    """Send one streamed request to `model` and return the error it gets."""
     results: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(server.grpc_url)
     client.start_stream(callback=lambda result, error: results.put(error))
     try:
-        client.async_stream_infer("ensemble", inputs)
+        client.async_stream_infer(model, inputs)
         error = results.get(timeout=60)
         assert error is not None
         return str(error)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import filecmp
+import json
 import os
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from glm_engine import EngineConfig, LLMEngine, SamplingParams
-from glm_engine.tokenizer import REPLACEMENT_CHAR, CompleteTextChunker, GlmTokenizer
+from glm_engine.tokenizer import REPLACEMENT_CHAR, CompleteTextChunker, GlmTokenizer, longest_token_bytes
 
 CHINESE = "模型的输出被逐个词元地发送给客户端，后处理必须保证每一段文本都是完整的字符。龘靐齉"
 
@@ -72,3 +75,37 @@ def test_demo_model_is_deterministic_and_matches_transformers(demo_model_dir, tm
     reference = model.generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False,
                                eos_token_id=None)[0, len(prompt):].tolist()
     assert ours == reference
+
+
+SPECIALS = ["<|user|>", "<|assistant|>", "[gMASK]", "<sop>", "<|endoftext|>"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.text(max_size=40), st.sampled_from(SPECIALS + ["#" * 80, " " * 30, CHINESE, "🦜"])),
+                max_size=20))
+def test_fewest_tokens_never_exceeds_the_tokens_a_text_encodes_to(demo_model_dir, pieces):
+    tokenizer = GlmTokenizer(demo_model_dir)  # hypothesis runs a function-scoped fixture once: built here
+    text = "".join(pieces)
+    assert tokenizer.fewest_tokens(text) <= len(tokenizer.encode(text, add_special_tokens=False))
+
+
+def test_fewest_tokens_is_the_bytes_over_the_longest_token(tokenizer):
+    assert tokenizer.longest_token_bytes == 80  # the demo vocabulary's 80 '#'
+    assert tokenizer.fewest_tokens("#" * 80) == 1 and tokenizer.fewest_tokens("#" * 81) == 2
+    assert tokenizer.fewest_tokens(CHINESE) == -(-len(CHINESE.encode()) // 80)
+
+
+@pytest.mark.parametrize("change", [
+    lambda spec: spec.update(normalizer={"type": "NFKC"}),  # may shorten the text before it is split
+    lambda spec: spec["model"].update(type="Unigram"),
+    lambda spec: spec["model"]["vocab"].pop("Ġ"),  # a byte without a symbol of its own is dropped
+    lambda spec: spec.update(pre_tokenizer={"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "behavior": "Removed"}, {"type": "ByteLevel"}]}),
+    lambda spec: spec.update(pre_tokenizer={"type": "Whitespace"}),
+])
+def test_no_bound_for_a_tokenizer_that_may_drop_bytes(demo_model_dir, change):
+    with open(os.path.join(demo_model_dir, "tokenizer.json"), encoding="utf-8") as f:
+        spec = json.load(f)
+    assert longest_token_bytes(spec) == 80
+    change(spec)
+    assert longest_token_bytes(spec) is None

@@ -5,9 +5,11 @@ One module used by preprocessing, the output processor and postprocessing, so th
 
 from __future__ import annotations
 
+import json
 import os
 
 from tokenizers import Tokenizer
+from tokenizers.pre_tokenizers import ByteLevel
 
 from .config import CheckpointError
 
@@ -28,6 +30,23 @@ def same_tokenizer(model_dir: str, other_dir: str) -> bool:
     return contents[0] == contents[1]
 
 
+def longest_token_bytes(spec: dict) -> int | None:
+    """The most bytes of text one token can stand for, for a tokenizer.json (parsed) that turns every byte of a text
+    into some token: byte-level BPE, no normalizer, a vocabulary with all 256 byte symbols, pre-tokenizers that split
+    without dropping anything (GLM-4's). None for any other: nothing is then known without encoding."""
+    model, normalizer, pre = spec.get("model") or {}, spec.get("normalizer"), spec.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    keeps_every_byte = all(step.get("type") == "ByteLevel" or step.get("type") == "Digits" or
+                           (step.get("type") == "Split" and step.get("behavior") != "Removed") for step in steps)
+    vocab = model.get("vocab")
+    if (model.get("type") != "BPE" or normalizer is not None or not isinstance(vocab, dict) or not keeps_every_byte
+            or not any(step.get("type") == "ByteLevel" for step in steps) or not set(ByteLevel.alphabet()) <= set(vocab)):
+        return None
+    # A byte-level symbol is one byte; an added token (matched in the text as it is) its UTF-8 length.
+    added = [len(token["content"].encode()) for token in spec.get("added_tokens", [])]
+    return max([len(symbols) for symbols in vocab] + added)
+
+
 class GlmTokenizer:
     """A `tokenizer.json` tokenizer. Encoding adds the checkpoint's own prefix (GLM-4: `[gMASK]<sop>`);
     decoding drops special tokens."""
@@ -37,8 +56,17 @@ class GlmTokenizer:
         if not os.path.isfile(path):
             raise CheckpointError(f"{model_dir!r} has no tokenizer.json (a Hugging Face fast tokenizer is required)")
         self._tokenizer = Tokenizer.from_file(path)
+        with open(path, encoding="utf-8") as f:
+            self.longest_token_bytes = longest_token_bytes(json.load(f))
         # What encoding adds before a prompt: the ids that an empty text encodes to (GLM-4: [gMASK]<sop>).
         self._prefix = self._tokenizer.encode("", add_special_tokens=True).ids
+
+    def fewest_tokens(self, text: str) -> int:
+        """A lower bound on the tokens `text` encodes to, known without encoding it (which takes about a second a
+        megabyte): its UTF-8 bytes over the longest token's; 0 where the tokenizer gives no such bound."""
+        if not self.longest_token_bytes:
+            return 0
+        return -(-len(text.encode("utf-8", "surrogatepass")) // self.longest_token_bytes)
 
     @property
     def vocab_size(self) -> int:

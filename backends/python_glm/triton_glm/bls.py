@@ -11,12 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from glm_engine.tokenizer import GlmTokenizer
-
 from .bls_calls import exec_latest, release_kept
 from .common import CODE_IN_MESSAGE, InputError, check_prompt, cut_to_text_length, error_from_callee, \
     error_response, internal_error, only_requested, optional_scalar, output_or_empty, required_array, \
-    resolve_model_dir, text_of, without_empty
+    text_of, tokenizer_and_limit, without_empty
 from .request_params import answers_asked
 from .request_schema import INPUTS_BY_NAME, REQUEST_OUTPUTS
 
@@ -33,7 +31,7 @@ PASSED_THROUGH = tuple(tensor.name for tensor in REQUEST_OUTPUTS if tensor.name 
 
 class Bls:
     def __init__(self, args: dict, parameters: dict[str, str]):
-        self.tokenizer = GlmTokenizer(resolve_model_dir(parameters, args))
+        self.tokenizer, self.max_prompt_tokens = tokenizer_and_limit(parameters, args)
         self.engine_model = parameters.pop("engine_model", "glm")
         # execute() gets a dynamic batch; each request waits on the engine in a thread of its own, so they wait side
         # by side. Enough threads that the engine's admission limit, not this pool, decides who waits.
@@ -64,7 +62,7 @@ class Bls:
         texts = [text_of(v, "text_input") for v in required_array(request, "text_input").reshape(-1)]
         if len(texts) != 1:
             raise InputError(f"one prompt per request, got {len(texts)}")
-        check_prompt(texts[0])
+        check_prompt(texts[0], self.tokenizer, self.max_prompt_tokens)
         if optional_scalar(request, "stream", False, bool):
             raise InputError("the bls model answers in one response; stream through the 'ensemble' model")
         if answers_asked(request) != 1:

@@ -10,6 +10,9 @@ import re
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
+from glm_engine.config import ModelConfig
+from glm_engine.tokenizer import GlmTokenizer
+
 log = logging.getLogger(__name__)
 
 MODEL_DIR_ENV = "GLM_MODEL_DIR"
@@ -58,9 +61,20 @@ def required_array(request, name: str) -> np.ndarray:
     return tensor.as_numpy()
 
 
-def check_prompt(text: str) -> None:
+def check_prompt(text: str, tokenizer: GlmTokenizer, max_tokens: int) -> None:
+    """A blank prompt, or one certainly longer than max_tokens (the checkpoint's positions), is refused before it is
+    tokenized: tokenizing takes about a second a megabyte, and the instance's other requests wait meanwhile."""
     if not text.strip():
         raise InputError("input 'text_input' is empty: give a prompt of at least one non-blank character")
+    if (fewest := tokenizer.fewest_tokens(text)) > max_tokens:
+        raise InputError(f"input 'text_input' is {len(text.encode()):,} bytes, so at least {fewest:,} tokens: over "
+                         f"the model's limit of {max_tokens:,} (refused before tokenizing)")
+
+
+def tokenizer_and_limit(parameters: dict[str, str], args: dict) -> tuple[GlmTokenizer, int]:
+    """The served checkpoint's tokenizer, and its positions: the longest prompt check_prompt lets through."""
+    model_dir = resolve_model_dir(parameters, args)
+    return GlmTokenizer(model_dir), ModelConfig.from_checkpoint(model_dir).max_position_embeddings
 
 
 def error_response(message: str, code: str = "INVALID_ARG", code_in_message: bool = False):

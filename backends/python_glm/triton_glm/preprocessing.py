@@ -5,14 +5,12 @@ from __future__ import annotations
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from glm_engine.tokenizer import GlmTokenizer
-
-from .common import InputError, check_prompt, error_response, internal_error, resolve_model_dir, text_of
+from .common import InputError, check_prompt, error_response, internal_error, text_of, tokenizer_and_limit
 
 
 class Preprocessing:
     def __init__(self, args: dict, parameters: dict[str, str]):
-        self.tokenizer = GlmTokenizer(resolve_model_dir(parameters, args))
+        self.tokenizer, self.max_prompt_tokens = tokenizer_and_limit(parameters, args)
         pad = self.tokenizer.token_id("<|endoftext|>")
         self.pad_id = pad if pad is not None else 0
 
@@ -35,7 +33,7 @@ class Preprocessing:
             raise InputError("input 'text_input' is required")
         texts = [text_of(v, "text_input") for v in query.as_numpy().reshape(-1)]
         for text in texts:
-            check_prompt(text)
+            check_prompt(text, self.tokenizer, self.max_prompt_tokens)
         encoded = self.tokenizer.encode_batch(texts)
         lengths = np.array([[len(ids)] for ids in encoded], dtype=np.int32)
         ids = np.full((len(encoded), int(lengths.max())), self.pad_id, dtype=np.int32)

@@ -19,12 +19,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from glm_engine.tokenizer import GlmTokenizer
-
 from .bls_calls import exec_latest, release_kept
 from .common import (CODE_IN_MESSAGE, InputError, callee_error, check_prompt, error_response, internal_error,
-                     optional_scalar, output_or_empty, request_parameters, required_array, resolve_model_dir, send_now,
-                     text_of, without_empty)
+                     optional_scalar, output_or_empty, request_parameters, required_array, send_now, text_of,
+                     tokenizer_and_limit, without_empty)
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +36,7 @@ GLM_OUTPUTS = ["text_output", "output_ids", "finish_reason", "num_input_tokens",
 
 class VllmStyleModel:
     def __init__(self, args: dict, parameters: dict[str, str]):
-        self.tokenizer = GlmTokenizer(resolve_model_dir(parameters, args))
+        self.tokenizer, self.max_prompt_tokens = tokenizer_and_limit(parameters, args)
         self.engine_model = parameters.pop("engine_model", "glm")
         # Each request waits on its glm stream in a thread of its own; the engine's admission limit decides who waits.
         self.pool = ThreadPoolExecutor(max_workers=256, thread_name_prefix="vllm-style")
@@ -60,7 +58,7 @@ class VllmStyleModel:
 
     def _glm_request(self, request):
         text = text_of(required_array(request, "text_input").reshape(-1)[0], "text_input")
-        check_prompt(text)
+        check_prompt(text, self.tokenizer, self.max_prompt_tokens)
         stream = optional_scalar(request, "stream", False, bool)
         switched_on = {output for switch, output in SWITCHES.items() if optional_scalar(request, switch, False, bool)}
         # Only the outputs the client asked for (all when it named none): Triton would drop the others, and its stub
