@@ -59,8 +59,9 @@ INT32_MAX = 2**31 - 1  # the integer settings travel to Triton as INT32 tensors
 
 def parse_body(text: str) -> dict:
     """A request body as a JSON object, or an ApiError 400 saying what is wrong with it: not JSON, nested past
-    Python's recursion limit, not an object, or a string that is no Unicode text (JSON lets a lone surrogate through
-    as \\ud800, which no UTF-8 encoder takes)."""
+    Python's recursion limit, not an object, or a field holding a string that is no Unicode text (JSON lets a lone
+    surrogate through as \\ud800, which no UTF-8 encoder takes). Each check runs at json's C speed: an 8 MB body
+    costs about what reading it costs."""
     try:
         body = json.loads(text)
     except ValueError:
@@ -69,26 +70,16 @@ def parse_body(text: str) -> dict:
         raise ApiError(400, "the request body is nested too deeply") from None
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
-    pending = [("", body)]  # (path, value): iterative, as the body may be nested as deep as json.loads allowed
-    while pending:
-        path, value = pending.pop()
-        if isinstance(value, dict):
-            for key, item in value.items():
-                _check_text(key, path or "the request body")
-                pending.append((f"{path}.{key}" if path else key, item))
-        elif isinstance(value, list):
-            pending.extend((f"{path}[{index}]", item) for index, item in enumerate(value))
-        elif isinstance(value, str):
-            _check_text(value, path)
+    for key, value in body.items():
+        try:
+            json.dumps([key, value], ensure_ascii=False).encode()
+        except UnicodeEncodeError as exc:
+            raise invalid(key if key.isprintable() else "the request body",
+                          f"must be Unicode text: it holds a lone surrogate (U+{ord(exc.object[exc.start]):04X})") \
+                from None
+        except RecursionError:
+            raise ApiError(400, "the request body is nested too deeply") from None
     return body
-
-
-def _check_text(text: str, path: str) -> None:
-    try:
-        text.encode()
-    except UnicodeEncodeError as exc:
-        raise invalid(path, f"must be Unicode text: it holds a lone surrogate (U+{ord(text[exc.start]):04X}) at "
-                      f"character {exc.start}") from None
 
 
 def _number(body: dict, name: str, kind=float, low=None, high=None):
