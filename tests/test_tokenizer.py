@@ -83,8 +83,7 @@ SPECIALS = ["<|user|>", "<|assistant|>", "[gMASK]", "<sop>", "<|endoftext|>"]
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.one_of(st.text(max_size=40), st.sampled_from(SPECIALS + ["#" * 80, " " * 30, CHINESE, "🦜"])),
                 max_size=20))
-def test_fewest_tokens_never_exceeds_the_tokens_a_text_encodes_to(demo_model_dir, pieces):
-    tokenizer = GlmTokenizer(demo_model_dir)  # hypothesis runs a function-scoped fixture once: built here
+def test_fewest_tokens_never_exceeds_the_tokens_a_text_encodes_to(tokenizer, pieces):
     text = "".join(pieces)
     assert tokenizer.fewest_tokens(text) <= len(tokenizer.encode(text, add_special_tokens=False))
 
