@@ -371,7 +371,9 @@ def model_not_found(model: str) -> ApiError:
 def api_error(exc: GlmError) -> ApiError:
     """The SDK's errors (Triton's answers) as OpenAI's."""
     if isinstance(exc, InvalidRequestError):
-        return ApiError(400, exc.message)
+        # OpenAI's code for a prompt plus max_tokens past the context, which its clients look for by name.
+        too_long = "over the model's limit" in exc.message
+        return ApiError(400, exc.message, code="context_length_exceeded" if too_long else None)
     if isinstance(exc, OverloadedError):
         return ApiError(429, exc.message, code="overloaded", kind="rate_limit_error")
     if isinstance(exc, (ServerUnavailableError, ModelNotReadyError)):

@@ -233,6 +233,17 @@ def test_errors_have_openais_shape_and_status(front, body, status, param):
     assert error["message"] and error["param"] == param and "Traceback" not in error["message"]
 
 
+@pytest.mark.parametrize("body", [
+    {"model": "glm", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**9},
+    {"model": "glm", "prompt": "word " * 5000, "max_tokens": 8},
+    {"model": "glm", "prompt": "word " * 100_000, "max_tokens": 8},  # refused before it is tokenized
+])
+def test_a_prompt_past_the_context_is_openais_context_length_exceeded(front, body):
+    endpoint = "completions" if "prompt" in body else "chat/completions"
+    response = requests.post(f"{front}/v1/{endpoint}", json=body, headers={"Authorization": f"Bearer {KEY}"})
+    assert response.status_code == 400 and response.json()["error"]["code"] == "context_length_exceeded", response.text
+
+
 @pytest.mark.parametrize("logprobs", [5, -1, "yes"])
 def test_completion_logprobs_beyond_the_chosen_token_are_refused(front, logprobs):
     response = requests.post(f"{front}/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
