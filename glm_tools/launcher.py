@@ -59,6 +59,7 @@ DRAIN_GRACE_S = 20.0
 # from RLIMIT_STACK when the process starts; 1 GiB (address space: only the pages touched are memory) takes some
 # 5 million levels, more than an 8 MB body holds (docs/operations.md: what is left, and the ingress' body limit).
 SERVER_STACK_BYTES = 2**30
+OVERCOMMIT_SETTING = "/proc/sys/vm/overcommit_memory"
 DRAIN_FILE_ENV = "GLM_DRAIN_FILE"  # read by glm_engine.watchdog, which this package must not import (no torch here)
 # Memory allocators the server and its stubs can run with (LD_PRELOAD). In a 30-minute soak with glibc's malloc, glm's
 # process grew 446 MB an hour; with jemalloc it stayed flat (docs/operations.md#memory-over-time-soak). "auto": jemalloc
@@ -214,7 +215,7 @@ def server_stack_limit() -> tuple[int, int] | None:
     where Linux counts every mapping against a strict commit limit (vm.overcommit_memory 2), in which the stacks of
     the server's 240 threads would not fit. A soft limit of "unlimited" gives threads glibc's 2 MiB: it is replaced."""
     try:
-        with open("/proc/sys/vm/overcommit_memory") as f:
+        with open(OVERCOMMIT_SETTING) as f:
             if f.read().strip() == "2":
                 return None
     except OSError:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import builtins
-import io
 import os
 import resource
 
@@ -98,10 +96,10 @@ def test_the_server_listens_on_the_loopback_address_unless_told_otherwise(triton
     ("0", (2 * SERVER_STACK_BYTES, resource.RLIM_INFINITY), None),  # larger already
     ("2", (8 * 2**20, resource.RLIM_INFINITY), None),  # a strict commit limit: 240 such stacks would not fit
 ])
-def test_the_servers_stack_limit(monkeypatch, overcommit, limits, expected):
-    real_open = builtins.open
-    monkeypatch.setattr(builtins, "open", lambda path, *args, **kwargs: io.StringIO(overcommit + "\n")
-                        if path == "/proc/sys/vm/overcommit_memory" else real_open(path, *args, **kwargs))
+def test_the_servers_stack_limit(monkeypatch, tmp_path, overcommit, limits, expected):
+    setting = tmp_path / "overcommit_memory"
+    setting.write_text(overcommit + "\n")
+    monkeypatch.setattr(launcher, "OVERCOMMIT_SETTING", str(setting))
     monkeypatch.setattr(launcher.resource, "getrlimit", lambda which: limits)
     assert server_stack_limit() == expected
 
