@@ -139,7 +139,8 @@ def test_a_killed_model_process_is_seen_at_once_and_healed_by_the_launcher(demo_
         assert all(result["last"] is None or result["last"]["finish_reason"] == "" for result in results), results
         assert not_ready_after < 5
 
-        assert wait_for(lambda: ready_again(http_port, log_path), timeout=180, interval=0.5), log_path.read_text()[-3000:]
+        assert wait_for(lambda: ready_again(http_port, log_path), timeout=180, interval=0.5), \
+            log_path.read_text()[-3000:]
         print(f"\n[recovery] not ready {not_ready_after:.2f} s after the kill, ready again after "
               f"{time.monotonic() - killed:.1f} s")
         response = requests.post(f"http://{url}/v2/models/ensemble/generate", timeout=60,

@@ -257,7 +257,8 @@ def test_the_server_on_two_ranks_answers_as_on_one_and_a_dead_rank_is_healed(tri
         assert all(result["error"] or "error" in (result["last"] or {}) for result in results), results
         assert f"tensor-parallel rank 1 (pid {worker}) exited with status -9" in log_path.read_text()
 
-        assert wait_for(lambda: ready_again(http_port, log_path), timeout=180, interval=0.5), log_path.read_text()[-3000:]
+        assert wait_for(lambda: ready_again(http_port, log_path), timeout=180, interval=0.5), \
+            log_path.read_text()[-3000:]
         print(f"\n[tensor parallel] not ready {not_ready_after:.1f} s after a worker was killed, ready again after "
               f"{time.monotonic() - killed:.1f} s")
         try:
