@@ -36,11 +36,12 @@ def longest_token_bytes(spec: dict) -> int | None:
     without dropping anything (GLM-4's). None for any other: nothing is then known without encoding."""
     model, normalizer, pre = spec.get("model") or {}, spec.get("normalizer"), spec.get("pre_tokenizer") or {}
     steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
-    keeps_every_byte = all(step.get("type") == "ByteLevel" or step.get("type") == "Digits" or
+    keeps_every_byte = all(step.get("type") in ("ByteLevel", "Digits") or
                            (step.get("type") == "Split" and step.get("behavior") != "Removed") for step in steps)
+    byte_level = any(step.get("type") == "ByteLevel" for step in steps)
     vocab = model.get("vocab")
     if (model.get("type") != "BPE" or normalizer is not None or not isinstance(vocab, dict) or not keeps_every_byte
-            or not any(step.get("type") == "ByteLevel" for step in steps) or not set(ByteLevel.alphabet()) <= set(vocab)):
+            or not byte_level or not set(ByteLevel.alphabet()) <= set(vocab)):
         return None
     # A byte-level symbol is one byte; an added token (matched in the text as it is) its UTF-8 length.
     added = [len(token["content"].encode()) for token in spec.get("added_tokens", [])]
