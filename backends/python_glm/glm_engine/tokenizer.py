@@ -5,6 +5,7 @@ One module used by preprocessing, the output processor and postprocessing, so th
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 
@@ -56,11 +57,17 @@ class GlmTokenizer:
         path = os.path.join(model_dir, "tokenizer.json")
         if not os.path.isfile(path):
             raise CheckpointError(f"{model_dir!r} has no tokenizer.json (a Hugging Face fast tokenizer is required)")
+        self._path = path
         self._tokenizer = Tokenizer.from_file(path)
-        with open(path, encoding="utf-8") as f:
-            self.longest_token_bytes = longest_token_bytes(json.load(f))
         # What encoding adds before a prompt: the ids that an empty text encodes to (GLM-4: [gMASK]<sop>).
         self._prefix = self._tokenizer.encode("", add_special_tokens=True).ids
+
+    @functools.cached_property
+    def longest_token_bytes(self) -> int | None:
+        """longest_token_bytes of this tokenizer.json: read when first asked for, by the models that check prompts
+        (the file of a 150,000-token vocabulary takes a while to parse; the others never need it)."""
+        with open(self._path, encoding="utf-8") as f:
+            return longest_token_bytes(json.load(f))
 
     def fewest_tokens(self, text: str) -> int:
         """A lower bound on the tokens `text` encodes to, known without encoding it (which takes about a second a

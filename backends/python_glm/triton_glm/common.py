@@ -74,7 +74,9 @@ def check_prompt(text: str, tokenizer: GlmTokenizer, max_tokens: int) -> None:
 def tokenizer_and_limit(parameters: dict[str, str], args: dict) -> tuple[GlmTokenizer, int]:
     """The served checkpoint's tokenizer, and its positions: the longest prompt check_prompt lets through."""
     model_dir = resolve_model_dir(parameters, args)
-    return GlmTokenizer(model_dir), ModelConfig.from_checkpoint(model_dir).max_position_embeddings
+    tokenizer = GlmTokenizer(model_dir)
+    tokenizer.longest_token_bytes  # parsed now, at load, rather than in the first request
+    return tokenizer, ModelConfig.from_checkpoint(model_dir).max_position_embeddings
 
 
 def error_response(message: str, code: str = "INVALID_ARG", code_in_message: bool = False):
