@@ -196,11 +196,20 @@ def wait_for_openai_front(url: str, timeout: float = 60.0) -> None:
     raise RuntimeError(f"the OpenAI front at {url} was not healthy within {timeout:.0f} s")
 
 
+_PORTS_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port nothing listens on now: for servers that must not collide with one already running."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port nothing listens on now, and not handed out before by this process: for servers that must not
+    collide with one already running. (Linux may offer a port again once it is closed: a server's HTTP, gRPC and
+    metrics ports, picked one after another before it starts, once came out equal and the server refused to start.)"""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _PORTS_GIVEN:
+            _PORTS_GIVEN.add(port)
+            return port
 
 
 def stop_with_parent() -> None:
