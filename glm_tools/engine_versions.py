@@ -1,4 +1,5 @@
-"""Another commit's engine, imported beside this one, so that a benchmark can time both side by side in one run."""
+"""Another commit's engine, imported beside this one, or its whole tree, so that a benchmark can time both side by
+side in one run."""
 
 from __future__ import annotations
 
@@ -22,13 +23,18 @@ def engine_at(commit: str) -> types.ModuleType:
     name = f"glm_engine_{commit}"
     if name in sys.modules:
         return sys.modules[name]
-    archive = subprocess.run(["git", "archive", commit, ENGINE_PATH], cwd=REPO, check=True, capture_output=True).stdout
-    root = tempfile.mkdtemp()
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(root, filter="data")
-    directory = os.path.join(root, ENGINE_PATH)
+    directory = os.path.join(tree_at(commit, ENGINE_PATH), ENGINE_PATH)
     spec = importlib.util.spec_from_file_location(name, os.path.join(directory, "__init__.py"),
                                                   submodule_search_locations=[directory])
     sys.modules[name] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sys.modules[name])
     return sys.modules[name]
+
+
+def tree_at(commit: str, *paths: str) -> str:
+    """A new temporary directory holding the repository's files (or those under `paths`) as of a git commit."""
+    archive = subprocess.run(["git", "archive", commit, *paths], cwd=REPO, check=True, capture_output=True).stdout
+    root = tempfile.mkdtemp(prefix=f"tree-{commit}-")
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(root, filter="data")
+    return root

@@ -121,6 +121,11 @@ def server_args(http_port: int, grpc_port: int, metrics_port: int, model_reposit
         f"--http-restricted-api={restricted}",
         f"--grpc-restricted-protocol={restricted}",
         "--log-verbose=0",
+        # Start-up (docs/operations.md#start-up): every model loads at once (Triton's default is four at a time), and
+        # from its config.pbtxt as written, without a first stub process per model that the Python backend's
+        # auto-complete starts (Python, torch, the adapter) only to ask for the config.
+        f"--model-load-thread-count={max(4, len(os.listdir(model_repository)))}",
+        "--disable-auto-complete-config",
     ]
 
 
@@ -313,7 +318,7 @@ class TritonServer:
             if self.is_ready():
                 self.shm_regions()
                 return
-            time.sleep(0.5)
+            time.sleep(0.1)
         raise TimeoutError(f"tritonserver not ready after {timeout:.0f}s")
 
     def stub_processes(self) -> dict[int, Stub]:

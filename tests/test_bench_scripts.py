@@ -209,3 +209,18 @@ def test_bench_compile_times_eager_against_compiled_variants(demo_model_dir, tmp
     assert set(written["median_ms"]) == {"eager", "norms", "mlp_frozen"}
     assert all(ms > 0 for ms in written["median_ms"].values())
     assert "eager / variant" in completed.stdout
+
+
+def test_bench_startup_times_this_tree_against_a_commit_and_finds_torch_in_glm_alone(demo_model_dir, tmp_path):
+    out = tmp_path / "startup.json"
+    # HEAD, which every clone has (shallow ones too).
+    run_script("bench_startup.py", "--rounds", "1", "--baseline", "HEAD", "--model-dir", demo_model_dir,
+               "--json", str(out))
+    written = json.loads(out.read_text())
+    for row in written["rounds"] + written["baseline_rounds"]:
+        assert 0 < row["ready_s"] and 0 < row["stop_s"] and row["resident_mb"] > 0
+        models = {process["model"] for process in row["processes"]}
+        assert {"tritonserver", "glm", "preprocessing", "postprocessing", "bls", "vllm_model"} == models
+    (current,) = written["rounds"]
+    assert [p["model"] for p in current["processes"] if p["torch"]] == ["glm"]
+    assert written["summary"]["ready_speedup"] > 0

@@ -635,3 +635,21 @@ def test_an_ensemble_stream_is_stopped_by_a_stop_request_naming_its_id(triton_se
                              timeout=30)
     assert response.status_code == 400 and "request id" in response.json()["error"]
     assert_still_serving(triton_server)
+
+
+def test_only_glms_process_loads_torch_even_after_serving(triton_server):
+    """The models that tokenize read glm_engine's config and tokenizer, whose package imports torch only when an
+    engine name is asked for (docs/operations.md#start-up): 200 MB and a second of start-up in each of five
+    processes. A request through every front first, so that their serving paths have run too."""
+    url = f"http://{triton_server.http_url}/v2/models"
+    for model, body in (("ensemble", {"text_input": "def f(", "max_tokens": 2}),
+                        ("bls", {"text_input": "def f(", "max_tokens": 2}),
+                        ("vllm_model", {"text_input": "def f(", "sampling_parameters": '{"max_tokens": 2}'})):
+        response = requests.post(f"{url}/{model}/generate", json=body, timeout=60)
+        assert response.status_code == 200, response.text
+    stubs = triton_server.stub_processes()
+    assert {stub.model for stub in stubs.values()} == {"glm", "preprocessing", "postprocessing", "bls", "vllm_model"}
+    for pid, stub in stubs.items():
+        with open(f"/proc/{pid}/maps") as f:
+            loaded_torch = "libtorch_cpu" in f.read()
+        assert loaded_torch == (stub.model == "glm"), stub
