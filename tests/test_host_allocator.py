@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-# Eight "steps", each holding four 24 MiB tensors at once (as a prefill step's activations) and then freeing them;
+# Ten "steps", each holding four 24 MiB tensors at once (as a prefill step's activations) and then freeing them;
 # prints the page faults of each step. argv[1]: "keep" (memory kept), "trim" (kept, but glibc's malloc_trim after
 # each step hands all free memory back: glibc's own heuristics sometimes keep such memory and sometimes give it
 # back, so this control is deterministic) or "default" (malloc's own policy). argv[2]: the malloc expected.
@@ -24,7 +24,7 @@ if sys.argv[1] != "default":
     assert keep_freed_memory() == sys.argv[2]
 faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 counts = []
-for step in range(8):
+for step in range(10):
     before = faults()
     activations = [torch.ones({TENSOR_FLOATS}) for _ in range({TENSORS})]
     del activations
@@ -52,9 +52,10 @@ def test_kept_memory_is_reused_without_page_faults():
         pytest.skip("malloc here is not glibc's")
     # The check can fail: memory handed back is faulted in again at every step.
     assert all(count > STEP_PAGES // 2 for count in step_faults("trim"))
-    # Kept, it is reused from the fourth step on (the second or the third may still fault one tensor's pages in:
-    # a block freed between small allocations can be a little short for the next aligned one).
-    assert sum(step_faults("keep")[3:]) < STEP_PAGES // 20
+    # Kept, it is reused once glibc's heap has settled: the second, third or fourth step may still fault in some
+    # tensors' pages (a block freed between small allocations can be a little short for the next aligned one; how
+    # often depends on what the process allocated before, e.g. whether the engine's modules are imported).
+    assert sum(step_faults("keep")[5:]) < STEP_PAGES // 20
 
 
 @pytest.mark.skipif(not JEMALLOC, reason="Debian's libjemalloc2 is not installed (scripts/setup_env.sh installs it)")
