@@ -394,6 +394,20 @@ def test_a_prompt_of_more_bytes_than_the_context_can_hold_is_refused_before_toke
     assert_still_serving(triton_server)
 
 
+@pytest.mark.parametrize("ids, length, expected", [
+    ([], 0, "input_ids is empty: a prompt needs at least one token"),
+    ([5, 6], 9, "input_lengths must lie in [1, 2], got 9"),
+    ([5, 6], 0, "input_lengths must lie in [1, 2], got 0"),
+    ([5, -1], 2, "prompt token ids must lie in [0, "),
+])
+def test_bad_token_ids_to_glm_get_a_clear_error(triton_server, ids, length, expected):
+    inputs = grpc_inputs(("input_ids", np.array([ids], np.int32).reshape(1, len(ids)), "INT32"),
+                         ("input_lengths", np.array([[length]], np.int32), "INT32"),
+                         ("request_output_len", np.array([[4]], np.int32), "INT32"))
+    assert_clear(grpc_stream_error(triton_server, inputs, "glm"), expected)
+    assert_still_serving(triton_server)
+
+
 def grpc_stream_error(server, inputs, model: str = "ensemble") -> str:
     """Send one streamed request to `model` and return the error it gets."""
     results: queue.Queue = queue.Queue()

@@ -166,6 +166,8 @@ class GlmEngineModel:
                              "(the engine batches them)")
         if ids.ndim != 2 or ids.shape[0] != 1 or lengths.size != 1:
             raise InputError(f"one prompt per request: input_ids must be [1, tokens], got {list(ids.shape)}")
+        if ids.shape[1] == 0:
+            raise InputError("input_ids is empty: a prompt needs at least one token")
         length = int(lengths.reshape(-1)[0])
         if not 0 < length <= ids.shape[1]:
             raise InputError(f"input_lengths must lie in [1, {ids.shape[1]}], got {length}: the prompt is empty "
