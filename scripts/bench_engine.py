@@ -16,10 +16,12 @@ of prompt lengths (16-512 tokens) and output lengths (16-256), every request run
     the real tritonserver with one gRPC stream per request, all at once, from one asyncio loop (--client threads:
     a thread and a channel a stream) (float32, int8, and int8 with the LM head too: the int8 runs are compared
     with the float32 ones of the same round; each also with inter_token_latency_metric per_request, compared with
-    the default per_token, and with coalesce_stream_responses off, one response a token, compared with the default);
+    the default per_token, with coalesce_stream_responses off, one response a token, compared with the default, and
+    with response_thread_nice 0, glm's response thread at the engine's priority, compared with the default 10);
   - time to first token and inter-token latency (P50/P99) of the Triton run, as its clients see them (the tokens of
-    one response share the gap before it), tokens a response, and the CPU seconds the server, glm's stub, the other
-    models' stubs and the clients used during it;
+    one response share the gap before it), tokens a response, the gaps between a stream's responses (P50/P99: how
+    long its reader waits for the next piece of text), and the CPU seconds the server, glm's stub, the other models'
+    stubs and the clients used during it;
   - KV waste at the engine's peak: allocated minus used token slots, over allocated;
   - the prefix-cache speed-up: time to first token of a request with a 1,000-token prefix, cold and then warm;
   - each run's model GFLOP/s (the workload's FLOPs over its time: model_flops) and, with the matmul_peak run, its
@@ -188,12 +190,14 @@ def bench_triton(model_dir: str, requests, outputs=("output_ids", "sequence_leng
     # gaps between tokens.
     itl = [(when - before) / count for _, arrivals in results
            for (before, _), (when, count) in zip(arrivals, arrivals[1:]) for _ in range(count)]
+    # What a reader of a stream waits between one piece of text and the next, whatever each piece carries.
+    gaps = [when - before for _, arrivals in results for (before, _), (when, _) in zip(arrivals, arrivals[1:])]
     tokens = sum(count for _, arrivals in results for _, count in arrivals)
     responses = sum(len(arrivals) for _, arrivals in results)
     return {"clients": len(requests), "client": client, "output_tokens": tokens, "responses": responses,
             "seconds": elapsed, "tokens_per_s": tokens / elapsed, "ttft_p50_s": percentile(ttft, 50),
             "ttft_p99_s": percentile(ttft, 99), "itl_p50_s": percentile(itl, 50), "itl_p99_s": percentile(itl, 99),
-            "cpu_s": cpu}
+            "response_gap_p50_s": percentile(gaps, 50), "response_gap_p99_s": percentile(gaps, 99), "cpu_s": cpu}
 
 
 def process_cpu_seconds(pid: int) -> float:
@@ -302,7 +306,8 @@ def _threaded_clients(url: str, requests: list[dict]) -> tuple[float, list]:
 # The runs whose output tokens/s are compared, in the order of the table.
 RUNS = ("engine_through_triton", "engine_through_triton_int8", "engine_through_triton_int8_lm_head",
         "engine_through_triton_itl_per_request", "engine_through_triton_int8_itl_per_request",
-        "engine_through_triton_uncoalesced", "engine_through_triton_int8_uncoalesced", "engine_offline",
+        "engine_through_triton_uncoalesced", "engine_through_triton_int8_uncoalesced",
+        "engine_through_triton_nice0", "engine_through_triton_int8_nice0", "engine_offline",
         "engine_offline_int8", "engine_offline_int8_lm_head",
         "engine_offline_tp2", "engine_offline_torch_attention", "engine_offline_torch_layers", "engine_offline_sampled",
         "transformers_static_batches",
@@ -317,6 +322,8 @@ PAIRS = (("engine_offline_int8", "engine_offline", "vs_float32"),
          ("engine_through_triton_int8_itl_per_request", "engine_through_triton_int8", "vs_itl_per_token"),
          ("engine_through_triton", "engine_through_triton_uncoalesced", "vs_uncoalesced"),
          ("engine_through_triton_int8", "engine_through_triton_int8_uncoalesced", "vs_uncoalesced"),
+         ("engine_through_triton", "engine_through_triton_nice0", "vs_nice0"),
+         ("engine_through_triton_int8", "engine_through_triton_int8_nice0", "vs_nice0"),
          ("engine_offline_tp2", "engine_offline", "vs_one_rank"),
          ("engine_offline", "engine_offline_torch_attention", "vs_torch_attention"),
          ("engine_offline", "engine_offline_torch_layers", "vs_torch_layers"))
@@ -324,6 +331,7 @@ BASELINES = ("transformers_one_at_a_time", "transformers_static_batches")
 INT8 = {"quantization": "int8"}
 PER_REQUEST = {"inter_token_latency_metric": "per_request"}
 UNCOALESCED = {"coalesce_stream_responses": "false"}
+NICE0 = {"response_thread_nice": "0"}
 
 
 def measurements(model_dir: str, requests, batch_size: int, client: str = "asyncio") -> dict:
@@ -355,6 +363,10 @@ def measurements(model_dir: str, requests, batch_size: int, client: str = "async
                                                                   client=client),
         "engine_through_triton_int8_uncoalesced": lambda: bench_triton(
             model_dir, requests, parameters={**INT8, **UNCOALESCED}, client=client),
+        # glm's response thread at the engine's priority, against the default (response_thread_nice 10)
+        "engine_through_triton_nice0": lambda: bench_triton(model_dir, requests, parameters=NICE0, client=client),
+        "engine_through_triton_int8_nice0": lambda: bench_triton(
+            model_dir, requests, parameters={**INT8, **NICE0}, client=client),
     }
 
 
@@ -391,7 +403,8 @@ def summarize(rounds: list[dict], flops: float) -> dict:
     for name in THROUGH_TRITON:
         if name in done:
             summary[name].update({key: median([r[name][key] for r in rounds])
-                                  for key in ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s")})
+                                  for key in ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s",
+                                              "response_gap_p50_s", "response_gap_p99_s")})
             summary[name]["tokens_per_response"] = median([r[name]["output_tokens"] / r[name]["responses"]
                                                            for r in rounds])
             summary[name]["cpu_s"] = {part: median([r[name]["cpu_s"][part] for r in rounds])
@@ -434,7 +447,9 @@ def print_summary(summary: dict, num_rounds: int) -> None:
             t = summary[name]
             print(f"\n{name}: {t['tokens_per_response']:.2f} tokens a response; "
                   f"TTFT P50 {t['ttft_p50_s'] * 1000:.0f} ms, P99 {t['ttft_p99_s'] * 1000:.0f} "
-                  f"ms; ITL P50 {t['itl_p50_s'] * 1000:.0f} ms, P99 {t['itl_p99_s'] * 1000:.0f} ms; CPU seconds "
+                  f"ms; ITL P50 {t['itl_p50_s'] * 1000:.0f} ms, P99 {t['itl_p99_s'] * 1000:.0f} ms; gaps between "
+                  f"responses P50 {t['response_gap_p50_s'] * 1000:.0f} ms, P99 {t['response_gap_p99_s'] * 1000:.0f} "
+                  "ms; CPU seconds "
                   + ", ".join(f"{part} {seconds:.2f}" for part, seconds in t["cpu_s"].items()))
     for run, reference, ratio in PAIRS:
         if ratio in summary.get(run, {}):

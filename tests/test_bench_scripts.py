@@ -55,8 +55,8 @@ def test_bench_engine_offline_counts_every_requested_token_in_every_variant(demo
 @pytest.mark.parametrize("client", ["asyncio", "threads"])
 def test_bench_engine_through_triton_counts_every_token_with_either_client(demo_model_dir, tmp_path, client):
     out = tmp_path / "bench.json"
-    runs = ["engine_through_triton"] + (["engine_through_triton_itl_per_request", "engine_through_triton_uncoalesced"]
-                                        if client == "asyncio" else [])
+    runs = ["engine_through_triton"] + (["engine_through_triton_itl_per_request", "engine_through_triton_uncoalesced",
+                                         "engine_through_triton_nice0"] if client == "asyncio" else [])
     run_script("bench_engine.py", "--model-dir", demo_model_dir, "--num-requests", "3", "--client", client,
                "--runs", ",".join(runs), "--json", str(out))
     written = json.loads(out.read_text())
@@ -66,12 +66,14 @@ def test_bench_engine_through_triton_counts_every_token_with_either_client(demo_
         assert run["client"] == client and run["clients"] == 3
         assert run["output_tokens"] == written["requested_output_tokens"]
         assert 0 < run["ttft_p50_s"] <= run["ttft_p99_s"] and 0 <= run["itl_p50_s"] <= run["itl_p99_s"]
+        assert 0 <= run["response_gap_p50_s"] <= run["response_gap_p99_s"]
         assert run["cpu_s"]["glm"] > 0 and run["cpu_s"]["clients"] > 0 and run["cpu_s"]["server"] >= 0
         assert 3 <= run["responses"] <= run["output_tokens"]
         assert written["summary"][name]["tokens_per_response"] >= 1
     if client == "asyncio":
         assert 0 < written["summary"]["engine_through_triton_itl_per_request"]["vs_itl_per_token"]
         assert 0 < written["summary"]["engine_through_triton"]["vs_uncoalesced"]
+        assert 0 < written["summary"]["engine_through_triton"]["vs_nice0"]
 
 
 def test_bench_contention_runs_quiet_and_contended_and_measures_the_competitor(demo_model_dir, tmp_path):

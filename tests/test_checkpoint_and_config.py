@@ -89,6 +89,9 @@ def test_engine_parameters_from_strings():
         EngineConfig.from_parameters({"block_size": "12"})
     with pytest.raises(ValueError, match="inter_token_latency_metric must be per_token or per_request, got 'each'"):
         EngineConfig.from_parameters({"inter_token_latency_metric": "each"})
+    for nice in ("-1", "20"):
+        with pytest.raises(ValueError, match=rf"response_thread_nice must lie in \[0, 19\], got {nice}"):
+            EngineConfig.from_parameters({"response_thread_nice": nice})
 
 
 def test_rotary_settings_at_the_top_level_are_read():

@@ -3,7 +3,9 @@ the generate endpoints, tritonclient over HTTP and gRPC (streaming too), concurr
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import queue
 from concurrent.futures import ThreadPoolExecutor
 
@@ -134,6 +136,21 @@ def test_many_streams_at_once_add_up_to_their_answers_with_several_tokens_in_som
     print(f"\n[coalescing] {48 * 24} tokens in {responses} responses")
     # Without coalescing: 1,119 (a response a token, or a character's tokens together); with it, about 440.
     assert responses < 0.9 * 48 * 24
+
+
+def test_glms_response_thread_alone_stands_back_for_the_engine(triton_server):
+    """response_thread_nice (10 in glm's config.pbtxt): after a burst of streams, of the threads of glm's process
+    only the one that sends responses runs at a nice value 10 above the process's (docs/performance.md)."""
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda index: generate_stream(triton_server, text_input=f"Stream {index}", max_tokens=8,
+                                                    stream=True), range(8)))
+    (glm,) = [pid for pid, stub in triton_server.stub_processes().items() if stub.model == "glm"]
+    nices = []
+    for thread in os.listdir(f"/proc/{glm}/task"):
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            nices.append(os.getpriority(os.PRIO_PROCESS, int(thread)))
+    process = os.getpriority(os.PRIO_PROCESS, glm)
+    assert sorted(nices) == [process] * (len(nices) - 1) + [min(19, process + 10)], nices
 
 
 def test_streams_of_several_answers_each_end_every_answer_before_the_final_flag(triton_server):

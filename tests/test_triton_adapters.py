@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -432,6 +434,23 @@ def test_the_outbox_sends_in_order_survives_a_failing_send_and_drains_on_close()
     outbox.close()  # returns once everything queued before it was sent
     assert first.sent == [(f"response {i}", 0) for i in range(1, 50, 2)] + [(None, FINAL)]
     assert second.sent == [(f"response {i}", 0) for i in range(0, 50, 2)]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="nice values of threads are Linux's")
+@pytest.mark.parametrize("nice", [0, 5, 30])
+def test_the_outbox_thread_alone_stands_back_by_its_nice_increment(nice):
+    """response_thread_nice: the outbox's thread runs at its creator's nice value plus the increment (at most 19);
+    the creating thread keeps its own."""
+    from triton_glm.glm import ResponseOutbox
+
+    def own_nice():
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    before, seen = own_nice(), []
+    outbox = ResponseOutbox(nice)
+    outbox.later(lambda: seen.append(own_nice()))
+    outbox.close()
+    assert seen == [min(19, before + nice)] and own_nice() == before
 
 
 def test_engine_metrics_send_only_the_figures_that_changed():

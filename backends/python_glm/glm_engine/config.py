@@ -174,6 +174,12 @@ class EngineConfig:
     # A streamed answer's responses made while its earlier ones still wait to be sent to Triton's process go with them,
     # as one (their tokens together); off: one response per token, however far behind the sending falls.
     coalesce_stream_responses: bool = True
+    # How far the thread that sends the responses (glm's outbox: sends and metric observations, each a round trip to
+    # Triton's process) stands back for the engine's threads: a nice increment for that thread alone, 0-19. With a
+    # core to spare it runs at once; when the engine's threads keep every core busy, it waits its turn and its
+    # sends go out coalesced, where at the engine's priority it took a core in the middle of a step, whose other
+    # threads then waited for it (docs/performance.md). 0: the engine's priority.
+    response_thread_nice: int = 10
     # Split the model over this many devices (glm_engine/tensor_parallel.py): one worker process per extra rank, GPUs
     # device, device + 1, ... over NCCL on CUDA; on the CPU over gloo, the cores shared out between the ranks.
     tensor_parallel_size: int = 1
@@ -217,6 +223,8 @@ class EngineConfig:
             raise ValueError(f"layer_backend must be auto, torch or cpu, got {self.layer_backend!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        if not 0 <= self.response_thread_nice <= 19:
+            raise ValueError(f"response_thread_nice must lie in [0, 19], got {self.response_thread_nice}")
         if self.inter_token_latency_metric not in INTER_TOKEN_LATENCY_METRICS:
             raise ValueError(f"inter_token_latency_metric must be {' or '.join(INTER_TOKEN_LATENCY_METRICS)}, got "
                              f"{self.inter_token_latency_metric!r}")

@@ -8,6 +8,7 @@ import logging
 import math
 import os
 import queue
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -47,7 +48,7 @@ class GlmEngineModel:
         self.metrics = EngineMetrics(args["model_name"], args["model_version"], self.config.inter_token_latency_metric)
         self.traffic = TrafficReader(model_path)
         self.forwarder = Forwarder(args["model_name"])
-        self.outbox = ResponseOutbox()
+        self.outbox = ResponseOutbox(self.config.response_thread_nice)
         self.engine_thread = EngineThread(lambda: LLMEngine(self.config),
                                           on_step=lambda engine: self.metrics.update(engine.stats()))
         self.metrics.update(self.engine_thread.engine.stats())  # the pool's size, before the first step
@@ -212,10 +213,12 @@ class ResponseOutbox:
     its own, in the order they were queued.
 
     Each is mostly spent waiting for the server's side. Made on the engine thread, those waits came once per token
-    and held up the next step; from here, they overlap the steps (docs/performance.md has the measurements)."""
+    and held up the next step; from here, they overlap the steps (docs/performance.md has the measurements). `nice`:
+    how much lower than its creator's this thread's priority is (EngineConfig.response_thread_nice)."""
 
-    def __init__(self):
+    def __init__(self, nice: int = 0):
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._nice = nice
         self._thread = threading.Thread(target=self._run, name="glm-outbox", daemon=True)
         self._thread.start()
 
@@ -229,12 +232,26 @@ class ResponseOutbox:
         self._thread.join(timeout=30)
 
     def _run(self) -> None:
+        if self._nice:
+            lower_this_threads_priority(self._nice)
         while (item := self._queue.get()) is not None:
             function, args = item
             try:
                 function(*args)
             except Exception:  # e.g. the client went away; the engine notices through is_cancelled()
                 log.exception("a response or metric failed")
+
+
+def lower_this_threads_priority(increment: int) -> None:
+    """Add `increment` to the calling thread's nice value (at most 19). On Linux a nice value belongs to a thread,
+    and raising it needs no privilege."""
+    if not sys.platform.startswith("linux"):  # elsewhere the id would name a process
+        return
+    thread = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, thread, min(19, os.getpriority(os.PRIO_PROCESS, thread) + increment))
+    except OSError as exc:
+        log.warning("glm's response thread keeps the engine's priority: %s", exc)
 
 
 def call_now(function, *args) -> None:
